@@ -19,9 +19,6 @@ import triton.language as tl
 from triton.runtime import interpreter as _ti
 from triton.runtime.jit import JITFunction
 
-_INTERPRETING = False
-
-
 class DotModel(Protocol):
     """How a matrix unit turns a [M,K]x[K,N] product plus an fp32 accumulator into fp32."""
 
@@ -180,18 +177,21 @@ def _interpreted(fn: JITFunction) -> _ti.InterpretedFunction:
     return _INTERPRETED[fn.fn]
 
 
-class _DeviceFunction(JITFunction):
-    """A `@triton.jit` device function that can also be called from an interpreted kernel."""
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if _INTERPRETING:
-            return _interpreted(self)(*args, **kwargs)
-        return super().__call__(*args, **kwargs)
+def _call_interpreted(self: JITFunction, *args: Any, **kwargs: Any) -> Any:
+    return _interpreted(self)(*args, **kwargs)
 
 
-def device_function(fn: Callable) -> JITFunction:
-    """Decorator for helpers called from kernels: like `triton.jit`, but usable under the CPU interpreter too."""
-    return _DeviceFunction(fn)
+@contextlib.contextmanager
+def _interpreting() -> Iterator[None]:
+    """Let `@triton.jit` device functions (ours and triton.language's, e.g. tl.sum) be called from an
+    interpreted kernel: Triton makes them interpretable only when TRITON_INTERPRET is set at import time."""
+    saved = JITFunction.__call__
+    JITFunction.__call__ = _call_interpreted
+    try:
+        with numerics_layer():
+            yield
+    finally:
+        JITFunction.__call__ = saved
 
 
 def is_cuda(*tensors: torch.Tensor | None) -> bool:
@@ -206,12 +206,8 @@ def launch(kernel: JITFunction, grid: Sequence[int], *args: Any, device: torch.d
         kernel[tuple(grid)](*args, **kwargs)
         return
     kwargs = {k: v for k, v in kwargs.items() if k not in ("num_warps", "num_stages")}
-    _INTERPRETING = True
-    try:
-        with numerics_layer():
-            _interpreted(kernel)[tuple(grid)](*args, **kwargs)
-    finally:
-        _INTERPRETING = False
+    with _interpreting():
+        _interpreted(kernel)[tuple(grid)](*args, **kwargs)
 
 
 def triton_version() -> str:

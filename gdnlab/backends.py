@@ -1,0 +1,151 @@
+"""The public entry point and the registry of backends every experiment runs on.
+
+`chunk_gated_delta_rule(..., backend=NAME)` validates its inputs once and hands them to the named backend. The
+built-in backends are the float64 reference, the two-kernel Triton path, the fused kernel as it shipped and as
+fixed, and flash-linear-attention when importable on CUDA. A user registers their own kernel with
+`register_backend(name, fn)`; everything in the lab (cases, sweeps, notebooks, `gdnlab reproduce --backend`) then
+runs on it.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from gdnlab import reference
+from gdnlab.validate import Problem, check_inputs
+
+Backend = Callable[..., tuple[torch.Tensor, torch.Tensor | None]]
+
+_REGISTRY: dict[str, Backend] = {}
+#: Names of every backend that can be asked for now (built-in and registered).
+BACKENDS: list[str] = []
+
+
+def register_backend(name: str, fn: Backend, *, overwrite: bool = False) -> None:
+    """Make `fn` (same signature as `chunk_gated_delta_rule`, minus `backend`) available under `name`."""
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"name: must be a non-empty str, got {name!r}")
+    if not callable(fn):
+        raise TypeError(f"fn: must be callable, got {type(fn).__name__}")
+    if name in _REGISTRY and not overwrite:
+        raise ValueError(f"name: backend {name!r} is already registered (pass overwrite=True to replace it)")
+    _REGISTRY[name] = fn
+    if name not in BACKENDS:
+        BACKENDS.append(name)
+
+
+def get_backend(name: str) -> Backend:
+    """The callable behind a backend name; ValueError naming the known ones otherwise."""
+    if not isinstance(name, str):
+        raise TypeError(f"backend: must be a str, got {type(name).__name__}")
+    if name not in _REGISTRY:
+        raise ValueError(f"backend: unknown backend {name!r}; known: {', '.join(BACKENDS)}")
+    return _REGISTRY[name]
+
+
+def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                           scale: float | None = None, initial_state: torch.Tensor | None = None,
+                           output_final_state: bool = False, use_qk_l2norm_in_kernel: bool = False,
+                           cu_seqlens: torch.Tensor | None = None, state_v_first: bool = False,
+                           backend: str = "two_kernel", **options: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Gated DeltaNet prefill (DESIGN.md sections 2 and 6) on the named backend. Returns (o, final state or None)."""
+    fn = get_backend(backend)
+    check_inputs(q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
+                 state_v_first=state_v_first, output_final_state=output_final_state,
+                 use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)
+    return fn(q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=output_final_state,
+              use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, cu_seqlens=cu_seqlens, state_v_first=state_v_first,
+              **options)
+
+
+# ---- built-in backends ----------------------------------------------------------------------------------------
+
+def _reference(q, k, v, g, beta, **kw: Any):
+    kw = {n: kw[n] for n in ("scale", "initial_state", "output_final_state", "use_qk_l2norm_in_kernel",
+                             "cu_seqlens", "state_v_first")}
+    return reference.recurrent_gated_delta_rule_ref(q, k, v, g, beta, **kw)
+
+
+def _triton(path: str, **defaults: Any) -> Backend:
+    """A backend that runs the lab's Triton kernels: `path` is "two_kernel" or "fused"."""
+
+    def run(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
+            use_qk_l2norm_in_kernel=False, cu_seqlens=None, state_v_first=False, **options: Any):
+        from gdnlab.kernels import fused, run_prologue, two_kernel, ChunkPlan, alloc
+        p: Problem = check_inputs(q, k, v, g, beta, scale=scale, initial_state=initial_state,
+                                  cu_seqlens=cu_seqlens, state_v_first=state_v_first,
+                                  output_final_state=output_final_state,
+                                  use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)
+        opts = {**defaults, **options}
+        allowed = {"BV", "poison", "num_warps", "num_stages"} | ({"downcast", "intra_vnew"} if path == "fused" else set())
+        unknown = set(opts) - allowed
+        if unknown:
+            raise TypeError(f"options: {path} backend does not take {sorted(unknown)}; it takes {sorted(allowed)}")
+        bv = opts.pop("BV", 64)
+        if bv not in (8, 16, 32, 64):
+            raise ValueError(f"BV: must be one of 8, 16, 32, 64, got {bv!r}")
+        poison = bool(opts.pop("poison", False))
+        tokens = p.B * p.T
+        flat = lambda x, d: x.reshape(tokens, *x.shape[2:]).contiguous() if d is None else \
+            x.reshape(tokens, *x.shape[2:]).to(d).contiguous()
+        plan = ChunkPlan.build(p.seq_bounds, q.device)
+        pro = run_prologue(flat(q, None), flat(k, None), flat(v, None), flat(g, torch.float32), flat(beta, None),
+                           plan, use_qk_l2norm_in_kernel, poison)
+        o = alloc((tokens, p.HV, p.V), q.dtype, q.device, poison)
+        ht = None
+        if output_final_state:
+            shape = (p.N, p.HV, p.V, p.K) if state_v_first else (p.N, p.HV, p.K, p.V)
+            ht = alloc(shape, torch.float32, q.device, poison)
+        h0 = initial_state.contiguous() if initial_state is not None else None
+        vf = flat(v, None)
+        if path == "fused":
+            fused(pro, vf, o, plan, h0, ht, p.scale, state_v_first, BV=bv, **opts)
+        else:
+            two_kernel(pro, vf, o, plan, h0, ht, p.scale, state_v_first, BV=bv, poison=poison, **opts)
+        end = p.seq_bounds[-1][1] if p.seq_bounds else 0
+        if end < tokens:
+            o[end:] = 0  # padding rows of a varlen buffer
+        return o.view(p.B, p.T, p.HV, p.V), ht
+
+    return run
+
+
+def _fla(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
+         use_qk_l2norm_in_kernel=False, cu_seqlens=None, state_v_first=False, **options: Any):
+    """flash-linear-attention's chunk_gated_delta_rule, as a peer (CUDA only)."""
+    try:
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_chunk
+    except ImportError as e:  # pragma: no cover - depends on the machine
+        raise RuntimeError("backend 'fla' needs the flash-linear-attention package (pip install fla-core)") from e
+    if not q.is_cuda:
+        raise ValueError("backend 'fla': flash-linear-attention runs on CUDA tensors only; got CPU tensors")
+    h0 = initial_state.transpose(-1, -2).contiguous() if (initial_state is not None and state_v_first) \
+        else initial_state
+    o, ht = fla_chunk(q, k, v, g, beta, scale=scale, initial_state=h0, output_final_state=output_final_state,
+                      cu_seqlens=cu_seqlens.long() if cu_seqlens is not None else None,
+                      use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, **options)
+    if cu_seqlens is not None and int(cu_seqlens[-1]) < q.shape[1]:
+        o[:, int(cu_seqlens[-1]):] = 0
+    if ht is not None and state_v_first:
+        ht = ht.transpose(-1, -2).contiguous()
+    return o, (ht.float() if ht is not None else None)
+
+
+def fla_available() -> bool:
+    """True when flash-linear-attention imports and a CUDA device is present."""
+    if not torch.cuda.is_available():
+        return False
+    try:
+        import fla.ops.gated_delta_rule  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+register_backend("reference", _reference)
+register_backend("two_kernel", _triton("two_kernel"))
+register_backend("fused_shipped", _triton("fused", downcast=True, intra_vnew=False))
+register_backend("fused_fixed", _triton("fused", downcast=True, intra_vnew=True))
+if fla_available():
+    register_backend("fla", _fla)

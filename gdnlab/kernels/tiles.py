@@ -1,0 +1,90 @@
+"""Device functions shared by every chunked kernel, so that each path rounds in exactly the same place.
+
+Token buffers are row-major over flattened tokens: row `t` of head `h` of a `[tokens, heads, D]` tensor starts at
+`(t * heads + h) * D`. Callers pass `ptr` already offset to the head and `stride = heads * D`.
+"""
+import triton
+import triton.language as tl
+
+
+
+@triton.jit
+def load_rows(ptr, rows, mrow, stride, col0, NCOL: tl.constexpr, COLS: tl.constexpr):
+    """A [rows, NCOL] tile starting at column col0; masked rows and columns past COLS read as zero."""
+    c = col0 + tl.arange(0, NCOL)
+    return tl.load(ptr + rows[:, None] * stride + c[None, :], mask=mrow[:, None] & (c[None, :] < COLS), other=0.0)
+
+
+@triton.jit
+def store_rows(ptr, rows, mrow, stride, col0, val, NCOL: tl.constexpr, COLS: tl.constexpr):
+    """Store a [rows, NCOL] tile at column col0, skipping masked rows and columns past COLS."""
+    c = col0 + tl.arange(0, NCOL)
+    tl.store(ptr + rows[:, None] * stride + c[None, :], val.to(ptr.dtype.element_ty),
+             mask=mrow[:, None] & (c[None, :] < COLS))
+
+
+@triton.jit
+def state_tile_ptrs(base, k0, v0, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, V_FIRST: tl.constexpr):
+    """Pointers and mask of the [64, BV] (K-first view) tile of a K x V state stored K-first or V-first."""
+    ik = k0 + tl.arange(0, 64)
+    iv = v0 + tl.arange(0, BV)
+    if V_FIRST:
+        p = base + iv[None, :] * K + ik[:, None]
+    else:
+        p = base + ik[:, None] * V + iv[None, :]
+    return p, (ik[:, None] < K) & (iv[None, :] < V)
+
+
+@triton.jit
+def load_state(base, k0, v0, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, V_FIRST: tl.constexpr):
+    """A [64, BV] fp32 tile of a stored state (any float dtype, either layout)."""
+    p, m = state_tile_ptrs(base, k0, v0, K, V, BV, V_FIRST)
+    return tl.load(p, mask=m, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def store_state(base, k0, v0, val, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, V_FIRST: tl.constexpr):
+    """Store a [64, BV] tile into a state buffer (either layout), converting to the buffer's dtype."""
+    p, m = state_tile_ptrs(base, k0, v0, K, V, BV, V_FIRST)
+    tl.store(p, val.to(base.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def inter_and_scores(q_ptr, k_ptr, rows, mrow, sqk, k0, h, K: tl.constexpr):
+    """Q.h (inter-chunk term, fp32) and Q.K^T (raw scores) for one 64-wide K tile. h is [64, BV], bf16 or fp32."""
+    q = load_rows(q_ptr, rows, mrow, sqk, k0, 64, K)
+    k = load_rows(k_ptr, rows, mrow, sqk, k0, 64, K)
+    return tl.dot(q.to(h.dtype), h, input_precision="ieee"), tl.dot(q, tl.trans(k))
+
+
+@triton.jit
+def chunk_output(o_inter, scores, g_cum, rows, mrow, operand, scale):
+    """O = scale * [(Q h) * exp(G) + (tril(Q K^T * exp(G_i - G_j))) operand]; operand is bf16 [BT, BV]."""
+    o_inter = o_inter * tl.exp(g_cum)[:, None]
+    causal = (rows[:, None] >= rows[None, :]) & mrow[:, None] & mrow[None, :]
+    gdiff = tl.where(causal, g_cum[:, None] - g_cum[None, :], 0.0)
+    scores = tl.where(causal, scores * tl.exp(gdiff), 0.0)
+    return o_inter * scale + tl.dot(scores.to(operand.dtype), operand) * scale
+
+
+@triton.jit
+def w_times_h(w_ptr, rows, mrow, sw, k0, h_bf16, K: tl.constexpr):
+    """W.h for one K tile: the part of the chunk's state contribution that V_new subtracts."""
+    w = load_rows(w_ptr, rows, mrow, sw, k0, 64, K)
+    return tl.dot(w, h_bf16)
+
+
+@triton.jit
+def gated_delta(v_new, g_cum, g_last, mrow):
+    """V_new * exp(G_last - G), rounded to bf16: what the state absorbs from this chunk."""
+    return tl.where(mrow[:, None], v_new * tl.exp(g_last - g_cum)[:, None], 0.0).to(tl.bfloat16)
+
+
+@triton.jit
+def absorb(s, k_ptr, rows, mrow, sqk, k0, vg, eg, K: tl.constexpr, V_FIRST: tl.constexpr):
+    """Carry one K tile of the state across a chunk: S = exp(G_last) S + K_tile^T vg ([BV, 64] when V_FIRST)."""
+    k = load_rows(k_ptr, rows, mrow, sqk, k0, 64, K)
+    if V_FIRST:
+        return s * eg + tl.dot(tl.trans(vg), k)
+    else:
+        return s * eg + tl.dot(tl.trans(k), vg)

@@ -1,0 +1,134 @@
+"""The two-kernel path: a state kernel that walks the chunks and stores each chunk's state and V_new in bf16,
+then an output kernel that runs every chunk in parallel from those bf16 copies (DESIGN.md section 3)."""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from gdnlab.interp import launch
+from gdnlab.kernels.prologue import BT, ChunkPlan, Prologue, alloc
+from gdnlab.kernels.tiles import (absorb, gated_delta, chunk_output, inter_and_scores, load_rows, load_state,
+                                  store_rows, store_state, w_times_h)
+
+
+@triton.jit
+def fwd_h_kernel(k_ptr, u_ptr, w_ptr, gcum_ptr, h_ptr, vnew_ptr, h0_ptr, ht_ptr, cu_ptr, choff_ptr,
+                 H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
+                 HAS_H0: tl.constexpr, STORE_HT: tl.constexpr, STATE_V_FIRST: tl.constexpr, BT: tl.constexpr):
+    """One program per (V tile, sequence, value head): carry the fp32 state, store bf16 h and V_new per chunk."""
+    i_v, i_nh = tl.program_id(0), tl.program_id(1)
+    i_n, i_hv = i_nh // HV, i_nh % HV
+    i_h = i_hv // (HV // H)
+    bos = tl.load(cu_ptr + i_n).to(tl.int64)
+    eos = tl.load(cu_ptr + i_n + 1).to(tl.int64)
+    c0 = tl.load(choff_ptr + i_n).to(tl.int64)
+    v0 = i_v * BV
+    kh, wh, uh, vh = k_ptr + i_h * K, w_ptr + i_hv * K, u_ptr + i_hv * V, vnew_ptr + i_hv * V
+    s0 = tl.zeros([64, BV], dtype=tl.float32)
+    s1 = tl.zeros([64, BV], dtype=tl.float32)
+    s2 = tl.zeros([64, BV], dtype=tl.float32)
+    s3 = tl.zeros([64, BV], dtype=tl.float32)
+    if HAS_H0:
+        sb = h0_ptr + (i_n * HV + i_hv) * K * V
+        s0 = load_state(sb, 0, v0, K, V, BV, STATE_V_FIRST)
+        if K > 64:
+            s1 = load_state(sb, 64, v0, K, V, BV, STATE_V_FIRST)
+        if K > 128:
+            s2 = load_state(sb, 128, v0, K, V, BV, STATE_V_FIRST)
+        if K > 192:
+            s3 = load_state(sb, 192, v0, K, V, BV, STATE_V_FIRST)
+    r = tl.arange(0, BT)
+    for c in range(0, tl.cdiv(eos - bos, BT)):
+        rows = bos + c * BT + r
+        mrow = rows < eos
+        g_cum = tl.load(gcum_ptr + rows * HV + i_hv, mask=mrow, other=0.0)
+        g_last = tl.load(gcum_ptr + (tl.minimum(bos + c * BT + BT, eos) - 1) * HV + i_hv)
+        hb = h_ptr + ((c0 + c) * HV + i_hv) * K * V
+        store_state(hb, 0, v0, s0, K, V, BV, False)
+        vw = w_times_h(wh, rows, mrow, HV * K, 0, s0.to(tl.bfloat16), K)
+        if K > 64:
+            store_state(hb, 64, v0, s1, K, V, BV, False)
+            vw = vw + w_times_h(wh, rows, mrow, HV * K, 64, s1.to(tl.bfloat16), K)
+        if K > 128:
+            store_state(hb, 128, v0, s2, K, V, BV, False)
+            vw = vw + w_times_h(wh, rows, mrow, HV * K, 128, s2.to(tl.bfloat16), K)
+        if K > 192:
+            store_state(hb, 192, v0, s3, K, V, BV, False)
+            vw = vw + w_times_h(wh, rows, mrow, HV * K, 192, s3.to(tl.bfloat16), K)
+        v_new = load_rows(uh, rows, mrow, HV * V, v0, BV, V).to(tl.float32) - vw
+        store_rows(vh, rows, mrow, HV * V, v0, v_new, BV, V)
+        vg = gated_delta(v_new, g_cum, g_last, mrow)
+        eg = tl.exp(g_last)
+        s0 = absorb(s0, kh, rows, mrow, H * K, 0, vg, eg, K, False)
+        if K > 64:
+            s1 = absorb(s1, kh, rows, mrow, H * K, 64, vg, eg, K, False)
+        if K > 128:
+            s2 = absorb(s2, kh, rows, mrow, H * K, 128, vg, eg, K, False)
+        if K > 192:
+            s3 = absorb(s3, kh, rows, mrow, H * K, 192, vg, eg, K, False)
+    if STORE_HT:
+        sb = ht_ptr + (i_n * HV + i_hv) * K * V
+        store_state(sb, 0, v0, s0, K, V, BV, STATE_V_FIRST)
+        if K > 64:
+            store_state(sb, 64, v0, s1, K, V, BV, STATE_V_FIRST)
+        if K > 128:
+            store_state(sb, 128, v0, s2, K, V, BV, STATE_V_FIRST)
+        if K > 192:
+            store_state(sb, 192, v0, s3, K, V, BV, STATE_V_FIRST)
+
+
+@triton.jit
+def fwd_o_kernel(q_ptr, k_ptr, vnew_ptr, gcum_ptr, h_ptr, o_ptr, cu_ptr, chunks_ptr, scale,
+                 H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
+                 BT: tl.constexpr):
+    """One program per (V tile, chunk, value head): the chunk's output from its bf16 h and bf16 V_new."""
+    i_v, i_c, i_hv = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_n = tl.load(chunks_ptr + 2 * i_c)
+    i_t = tl.load(chunks_ptr + 2 * i_c + 1)
+    bos = tl.load(cu_ptr + i_n).to(tl.int64)
+    eos = tl.load(cu_ptr + i_n + 1).to(tl.int64)
+    i_h = i_hv // (HV // H)
+    v0 = i_v * BV
+    rows = bos + i_t * BT + tl.arange(0, BT)
+    mrow = rows < eos
+    qh, kh = q_ptr + i_h * K, k_ptr + i_h * K
+    hb = h_ptr + (i_c.to(tl.int64) * HV + i_hv) * K * V
+    g_cum = tl.load(gcum_ptr + rows * HV + i_hv, mask=mrow, other=0.0)
+    o_acc, sc = inter_and_scores(qh, kh, rows, mrow, H * K, 0, load_state(hb, 0, v0, K, V, BV, False).to(
+        tl.bfloat16), K)
+    if K > 64:
+        oi, si = inter_and_scores(qh, kh, rows, mrow, H * K, 64, load_state(hb, 64, v0, K, V, BV, False).to(
+            tl.bfloat16), K)
+        o_acc, sc = o_acc + oi, sc + si
+    if K > 128:
+        oi, si = inter_and_scores(qh, kh, rows, mrow, H * K, 128, load_state(hb, 128, v0, K, V, BV, False).to(
+            tl.bfloat16), K)
+        o_acc, sc = o_acc + oi, sc + si
+    if K > 192:
+        oi, si = inter_and_scores(qh, kh, rows, mrow, H * K, 192, load_state(hb, 192, v0, K, V, BV, False).to(
+            tl.bfloat16), K)
+        o_acc, sc = o_acc + oi, sc + si
+    v_new = load_rows(vnew_ptr + i_hv * V, rows, mrow, HV * V, v0, BV, V)
+    out = chunk_output(o_acc, sc, g_cum, rows, mrow, v_new, scale)
+    store_rows(o_ptr + i_hv * V, rows, mrow, HV * V, v0, out, BV, V)
+
+
+def two_kernel(pro: Prologue, v: torch.Tensor, o: torch.Tensor, plan: ChunkPlan, initial_state, ht, scale: float,
+               state_v_first: bool, BV: int = 64, poison: bool = False, num_warps: int = 4) -> None:
+    """State kernel then output kernel on flattened tensors; writes o and (if given) ht."""
+    tokens, H, K = pro.k.shape
+    HV, V = v.shape[1], v.shape[2]
+    N = plan.cu_seqlens.numel() - 1
+    dev = v.device
+    h = alloc((max(plan.n_chunks, 1), HV, K, V), torch.bfloat16, dev, poison)
+    v_new = alloc((tokens, HV, V), torch.bfloat16, dev, poison)
+    dummy = pro.g_cum
+    launch(fwd_h_kernel, (triton.cdiv(V, BV), N * HV), pro.k, pro.u, pro.w, pro.g_cum, h, v_new,
+           initial_state if initial_state is not None else dummy, ht if ht is not None else dummy,
+           plan.cu_seqlens, plan.chunk_offsets, H=H, HV=HV, K=K, V=V, BV=BV, HAS_H0=initial_state is not None,
+           STORE_HT=ht is not None, STATE_V_FIRST=state_v_first, BT=BT, num_warps=num_warps, device=dev)
+    if plan.n_chunks:
+        launch(fwd_o_kernel, (triton.cdiv(V, BV), plan.n_chunks, HV), pro.q, pro.k, v_new, pro.g_cum, h, o,
+               plan.cu_seqlens, plan.chunks, scale, H=H, HV=HV, K=K, V=V, BV=BV, BT=BT, num_warps=num_warps,
+               device=dev)
