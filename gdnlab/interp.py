@@ -96,7 +96,7 @@ def _make_patches(builder: Any) -> dict[str, Callable]:
             return orig_binary(lhs, rhs, op)
         out = op(_as_f32(lhs), _as_f32(rhs))
         if out.dtype == np.bool_:
-            return TH(out, lhs.dtype.scalar)
+            return TH(out, tl.int1)
         return TH(f32_to_bf16_bits(out.astype(np.float32)), tl.bfloat16)
 
     def unary_op(arg, op):
