@@ -61,7 +61,7 @@ class GDNInputs:
         return [c[i + 1] - c[i] for i in range(len(c) - 1)]
 
     def kwargs(self) -> dict[str, Any]:
-        """Keyword arguments for ``gdnlab.chunk_gated_delta_rule`` (and the references), with output_final_state=True."""
+        """Keyword arguments for ``gdnlab.chunk_gated_delta_rule`` and the references; output_final_state=True."""
         return dict(q=self.q, k=self.k, v=self.v, g=self.g, beta=self.beta, initial_state=self.initial_state,
                     cu_seqlens=self.cu_seqlens, scale=self.scale,
                     use_qk_l2norm_in_kernel=self.use_qk_l2norm_in_kernel, output_final_state=True)

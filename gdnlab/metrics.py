@@ -47,7 +47,7 @@ def _select(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
 
 
 def errors(out: torch.Tensor, ref: torch.Tensor, mask: torch.Tensor | None = None) -> dict[str, float]:
-    """Error of ``out`` against ``ref``: ``max_abs``, ``mean_abs`` and ``rel_rms`` = ‖out − ref‖ / ‖ref‖ (float64).
+    """Error of ``out`` against ``ref`` in float64: ``max_abs``, ``mean_abs``, ``rel_rms`` = ‖out − ref‖ / ‖ref‖.
 
     ``mask`` (bool, over the leading dims, or a ``[T]`` row mask) restricts the comparison, e.g. to
     :func:`valid_rows`. NaN anywhere in ``out`` or ``ref`` (after masking) makes every value NaN. An empty

@@ -65,7 +65,12 @@ class _Slots:
         sorted_lens = [lens[n] for n in self.order]
         self.nsteps = [-(-n // C) for n in sorted_lens]
         steps = self.nsteps[0] if p.N else 0
-        self.m = [sum(1 for s in self.nsteps if s > c) for c in range(steps)]
+        self.m = []                                  # sequences still running at each step (non-increasing)
+        running = p.N
+        for c in range(steps):
+            while self.nsteps[running - 1] <= c:
+                running -= 1
+            self.m.append(running)
         self.off = [0]
         for mc in self.m:
             self.off.append(self.off[-1] + mc)
@@ -97,7 +102,8 @@ class _Slots:
                 s0 = s0.transpose(-1, -2)
             self.S = s0[self.order].contiguous()  # indexing copies: the caller's tensor is never written
 
-    def unpack(self, o: torch.Tensor, S: torch.Tensor, output_final_state: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def unpack(self, o: torch.Tensor, S: torch.Tensor,
+               output_final_state: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Scatter the slot output ``[slots, HV, C, V]`` back to ``[B, T, HV, V]`` (padding rows zero)."""
         p = self.p
         out = o.new_zeros(p.B * p.T, p.HV, p.V)
