@@ -1,0 +1,520 @@
+"""`gdnlab compile-matrix`: build every lab kernel for Hopper, MI300X and RDNA3.5 without the hardware.
+
+Each build is `triton.compile(ASTSource(...), target=GPUTarget(...))` of one kernel at one autotune config
+(BV, num_warps, num_stages) with the problem sizes H=4, HV=8, K=V=128. A build records: status (ok / error), the
+first line of any error, compiler diagnostics printed on stderr (even when the build succeeds), the matrix
+instructions in the generated assembly (PTX for cuda, AMDGCN for hip), how each tl.dot was lowered (read from the
+TTGIR layouts: wgmma / mma / mfma / wmma / fma), registers, spills and shared memory, and the compile time.
+
+`--releases 3.2.0,3.3.1,...` builds the fused kernel (and the two-kernel path's BV kernels) for gfx1151 and gfx942
+under older Triton releases, each in a throwaway venv under ~/.cache/gdnlab (never in the repo), to find which
+release reproduces the report's "no matching matrix core intrinsic for wmma version 1" failure.
+
+The build worker (`_build`, `--worker`) imports only the standard library at module level and adapts to the
+Triton API of each release (GPUTarget and ASTSource's signature changed between 3.0, 3.2 and 3.3).
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import csv
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+from gdnlab.dot_shapes import BV_KERNELS, FUSED_VARIANTS, KERNELS, TARGETS, check_dot_shapes
+
+ROOT = Path(__file__).resolve().parents[1]
+TABLES = ROOT / "reports" / "tables"
+MATRIX_CSV = TABLES / "compile_matrix.csv"
+RELEASES_CSV = TABLES / "compile_matrix_releases.csv"
+CACHE = Path(os.environ.get("GDNLAB_CACHE", Path.home() / ".cache" / "gdnlab"))
+
+#: The shipped fused kernel's autotune space.
+BVS = (8, 16, 32, 64)
+WARPS = (2, 4)
+STAGES = (2, 3, 4)
+#: Problem sizes every build uses.
+SIZES = dict(H=4, HV=8, K=128, V=128, BT=64)
+#: Releases tried by default with --releases all (cp311 manylinux x86_64 wheels exist for each).
+DEFAULT_RELEASES = ("3.0.0", "3.1.0", "3.2.0", "3.3.1", "3.4.0", "3.5.1", "3.6.0", "3.7.1", "3.8.0")
+RELEASE_KERNELS = ("fused_shipped", "fwd_o")
+RELEASE_TARGETS = ("hip:gfx1151", "hip:gfx942")
+
+MATRIX_COLUMNS = ["target", "kernel", "BV", "num_warps", "num_stages", "status", "error", "diagnostic",
+                  "matrix_instr", "dots", "fma_dots", "static_check", "regs", "spills", "shared", "compile_s",
+                  "triton_version", "kernels_sha"]
+RELEASE_COLUMNS = ["release", "target", "kernel", "BV", "num_warps", "num_stages", "status", "error", "diagnostic",
+                   "matrix_instr", "dots", "fma_dots", "static_check", "linked", "compile_s"]
+
+# Pointer / scalar types of each kernel's runtime arguments (everything else is a constexpr).
+_ARGS: dict[str, tuple[str, str, dict[str, str]]] = {
+    "l2norm": ("gdnlab.kernels.prologue", "l2norm_kernel",
+               dict(x_ptr="*bf16", y_ptr="*bf16", n_rows="i32")),
+    "prologue": ("gdnlab.kernels.prologue", "prologue_kernel",
+                 dict(k_ptr="*bf16", v_ptr="*bf16", g_ptr="*fp32", beta_ptr="*bf16", gcum_ptr="*fp32",
+                      w_ptr="*bf16", u_ptr="*bf16", cu_ptr="*i32", chunks_ptr="*i32")),
+    "fwd_h": ("gdnlab.kernels.two_kernel", "fwd_h_kernel",
+              dict(k_ptr="*bf16", u_ptr="*bf16", w_ptr="*bf16", gcum_ptr="*fp32", h_ptr="*bf16",
+                   vnew_ptr="*bf16", h0_ptr="*fp32", ht_ptr="*fp32", cu_ptr="*i32", choff_ptr="*i32")),
+    "fwd_o": ("gdnlab.kernels.two_kernel", "fwd_o_kernel",
+              dict(q_ptr="*bf16", k_ptr="*bf16", vnew_ptr="*bf16", gcum_ptr="*fp32", h_ptr="*bf16", o_ptr="*bf16",
+                   cu_ptr="*i32", chunks_ptr="*i32", scale="fp32")),
+}
+for _name in FUSED_VARIANTS:
+    _ARGS[_name] = ("gdnlab.kernels.fused", "fused_kernel",
+                    dict(q_ptr="*bf16", k_ptr="*bf16", u_ptr="*bf16", w_ptr="*bf16", gcum_ptr="*fp32",
+                         o_ptr="*bf16", h0_ptr="*fp32", ht_ptr="*fp32", cu_ptr="*i32", scale="fp32"))
+
+
+def constexprs(kernel: str, BV: int | None) -> dict[str, Any]:
+    """The constexpr arguments a build of `kernel` uses (the wrappers' values at H=4, HV=8, K=V=128)."""
+    H, HV, K, V, BT = (SIZES[k] for k in ("H", "HV", "K", "V", "BT"))
+    if kernel == "l2norm":
+        return dict(D=K, BD=K, BR=16)
+    if kernel == "prologue":
+        return dict(H=H, HV=HV, K=K, V=V, BT=BT)
+    if kernel == "fwd_o":
+        return dict(H=H, HV=HV, K=K, V=V, BV=BV, BT=BT)
+    state = dict(H=H, HV=HV, K=K, V=V, BV=BV, HAS_H0=True, STORE_HT=True, STATE_V_FIRST=False)
+    if kernel == "fwd_h":
+        return dict(state, BT=BT)
+    return dict(state, **FUSED_VARIANTS[kernel], BT=BT)
+
+
+def jobs(quick: bool = False, kernels: tuple[str, ...] = KERNELS, targets: tuple[str, ...] = tuple(TARGETS),
+         bvs: tuple[int, ...] = BVS, warps: tuple[int, ...] = WARPS,
+         stages: tuple[int, ...] = STAGES) -> list[dict[str, Any]]:
+    """Every (target, kernel, BV, num_warps, num_stages) build; BV-free kernels once per warps/stages.
+    `quick`: fused_shipped and fwd_o at BV 8 and 64, 4 warps, 2 stages, on every target."""
+    if quick:
+        kernels, bvs, warps, stages = ("fused_shipped", "fwd_o"), (8, 64), (4,), (2,)
+    out = []
+    for t in targets:
+        for k in kernels:
+            for bv in (bvs if k in BV_KERNELS else (None,)):
+                for w in warps:
+                    for s in stages:
+                        out.append(dict(target=t, kernel=k, BV=bv, num_warps=w, num_stages=s))
+    return out
+
+
+# ---- the build worker (runs under any Triton 3.x) -------------------------------------------------------------
+
+@contextlib.contextmanager
+def _capture_stderr() -> Iterator[list[str]]:
+    """Capture file descriptor 2 (where MLIR/LLVM print diagnostics) into the yielded list, line by line."""
+    out: list[str] = []
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile(mode="w+b") as tmp:
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield out
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            out.extend(tmp.read().decode("utf-8", "replace").splitlines())
+
+
+def _version_key(v: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in re.findall(r"\d+", v)[:3])
+
+
+def _gpu_target(name: str) -> Any:
+    from triton.backends.compiler import GPUTarget
+    backend, arch, warp = TARGETS[name]
+    return GPUTarget(backend, arch, warp)
+
+
+def _ast_source(fn: Any, args: dict[str, str], cx: dict[str, Any]) -> Any:
+    """ASTSource for the installed Triton: 3.3+ (constexprs=, name keys), 3.2 (constants=, name keys) or
+    3.0/3.1 (constants=, argument-index keys, signature without constexprs)."""
+    import triton
+    from triton.compiler import ASTSource
+    v = _version_key(triton.__version__)
+    names = list(fn.arg_names)
+    if v >= (3, 3):
+        sig = {n: args.get(n, "constexpr") for n in names}
+        return ASTSource(fn=fn, signature=sig, constexprs=cx)
+    if v >= (3, 2):
+        sig = {n: args.get(n, "constexpr") for n in names}
+        return ASTSource(fn=fn, signature=sig, constants=cx)
+    sig = {i: args[n] for i, n in enumerate(names) if n in args}
+    return ASTSource(fn=fn, signature=sig, constants={names.index(n): val for n, val in cx.items()})
+
+
+def _find_lld() -> str | None:
+    """An ld.lld for the Triton releases that link HSACO with an external linker (newest LLVM first)."""
+    cands = sorted(Path("/usr/lib").glob("llvm-*/bin/ld.lld"), key=lambda p: _version_key(p.parts[-3]),
+                   reverse=True)
+    found = [str(c) for c in cands] + [p for p in (shutil.which("ld.lld"), "/opt/rocm/llvm/bin/ld.lld") if p]
+    return next((p for p in found if Path(p).is_file()), None)
+
+
+_LINK_NOTE: list[str] = []
+
+
+def _guard_hip_link() -> None:
+    """Let a HIP build stop before linking when no linker can be had: the AMDGCN text is what we read."""
+    try:
+        from triton.backends.amd.compiler import HIPBackend
+    except Exception:
+        return
+    if getattr(HIPBackend.make_hsaco, "_gdnlab", False):
+        return
+    orig = HIPBackend.make_hsaco
+
+    def make_hsaco(src, metadata, options):
+        try:
+            return orig(src, metadata, options)
+        except Exception as e:  # missing or too old ld.lld: keep the amdgcn, record that it was not linked
+            _LINK_NOTE.append(f"not linked: {type(e).__name__}: {_first_line(str(e))}")
+            return b""
+
+    make_hsaco._gdnlab = True  # type: ignore[attr-defined]
+    HIPBackend.make_hsaco = staticmethod(make_hsaco)
+
+
+def _first_line(s: str) -> str:
+    return next((ln.strip() for ln in s.splitlines() if ln.strip()), "")
+
+
+def _error_line(exc: BaseException, stderr: list[str]) -> str:
+    """The most telling first line: an MLIR 'error:' diagnostic if one was printed, else the innermost cause."""
+    diag = [ln for ln in stderr if "error:" in ln]
+    if diag:
+        return diag[0].split("error:", 1)[1].strip()
+    inner = exc
+    while inner.__cause__ is not None or (inner.__context__ is not None and not inner.__suppress_context__):
+        inner = inner.__cause__ or inner.__context__  # type: ignore[assignment]
+    msg = str(inner)
+    lines = [ln.strip() for ln in msg.splitlines() if ln.strip()]
+    # Triton's CompilationError starts with "at L:C:" and the source; its last line is the message.
+    text = lines[-1] if lines and lines[0].startswith("at ") else (lines[0] if lines else "")
+    return f"{type(inner).__name__}: {text}"[:300]
+
+
+_PTX_INSTR = re.compile(r"\b(wgmma\.mma_async[\w.]*|mma\.sync\.aligned[\w.]*)")
+_AMD_INSTR = re.compile(r"\b(v_mfma_\w+|v_wmma_\w+|v_swmmac_\w+)")
+
+
+def matrix_instructions(asm: dict[str, Any]) -> str:
+    """The distinct matrix instructions in PTX ('wgmma.m64n8k16.bf16', 'mma.m16n8k16.bf16') or AMDGCN
+    ('v_mfma_*', 'v_wmma_*'), ';'-joined, or 'none' (every dot became an FMA loop)."""
+    found: set[str] = set()
+    ptx = asm.get("ptx")
+    if isinstance(ptx, str):
+        for m in _PTX_INSTR.findall(ptx):
+            shape = re.search(r"\.(m\d+n\d+k\d+)\.", m)
+            kind = "wgmma" if m.startswith("wgmma") else "mma"
+            dtype = "bf16" if ".bf16" in m else ("tf32" if ".tf32" in m else ("f16" if ".f16" in m else "?"))
+            found.add(f"{kind}.{shape.group(1) if shape else '?'}.{dtype}")
+    gcn = asm.get("amdgcn")
+    if isinstance(gcn, str):
+        found.update(_AMD_INSTR.findall(gcn))
+    return ";".join(sorted(found)) if found else "none"
+
+
+_DOT = re.compile(r"(?:tt\.dot|ttng\.warp_group_dot|triton_nvidia_gpu\.warp_group_dot)\s+[^\n]*?:\s*"
+                  r"(?:tensor|!ttg\.memdesc|!tt\.memdesc|!triton_gpu\.memdesc)<(\d+)x(\d+)x(\w+)[^\n]*?\*\s*"
+                  r"(?:tensor|!ttg\.memdesc|!tt\.memdesc|!triton_gpu\.memdesc)<(\d+)x(\d+)x\w+[^\n]*?->\s*"
+                  r"tensor<\d+x\d+x\w+,\s*#(\w+)>")
+
+
+def dot_lowering(ttgir: str) -> tuple[str, int]:
+    """From the TTGIR: each distinct dot 'MxNxK dtype:kind' (kind = wgmma, mma, mfma, wmma or fma) and how many
+    of the distinct dots were left to FMA."""
+    layouts: dict[str, str] = {}
+    for name, body in re.findall(r"^#(\w+)\s*=\s*#([\w.]+)<", ttgir, re.M):
+        b = body.split(".")[-1]
+        kind = {"amd_mfma": "mfma", "amd_wmma": "wmma", "blocked": "fma"}.get(b, b)
+        if b in ("nvidia_mma", "mma"):
+            major = re.search(rf"^#{name}\s*=.*?versionMajor\s*=\s*(\d+)", ttgir, re.M)
+            kind = "wgmma" if major and major.group(1) == "3" else "mma"
+        layouts[name] = kind
+    seen: set[str] = set()
+    for m, k, dt, k2, n, enc in _DOT.findall(ttgir):
+        seen.add(f"{m}x{n}x{k} {dt}:{layouts.get(enc, enc)}")
+    fma = sum(1 for s in seen if s.endswith(":fma"))
+    return ";".join(sorted(seen)), fma
+
+
+def _nvidia_resources(ptx: str) -> tuple[str, str]:
+    """(registers, spill bytes) from ptxas -v on the PTX, with the ptxas Triton ships."""
+    import triton
+    bins = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+    arch = re.search(r"^\.target\s+(\w+)", ptx, re.M)
+    log = ""
+    # Releases ship one or two ptxas builds; use the first that accepts this PTX version.
+    for ptxas in sorted(bins.glob("ptxas*"), key=lambda p: p.name != "ptxas"):
+        with tempfile.TemporaryDirectory() as d:
+            p = Path(d) / "k.ptx"
+            p.write_text(ptx)
+            r = subprocess.run([str(ptxas), "-v", f"--gpu-name={arch.group(1) if arch else 'sm_90a'}", str(p),
+                                "-o", str(Path(d) / "k.cubin")], capture_output=True, text=True)
+        log = r.stdout + r.stderr
+        if r.returncode == 0:
+            break
+    regs = re.search(r"Used (\d+) registers", log)
+    st = re.search(r"(\d+) bytes spill stores", log)
+    ld = re.search(r"(\d+) bytes spill loads", log)
+    spills = "" if st is None else str(int(st.group(1)) + int(ld.group(1) if ld else 0))
+    return (regs.group(1) if regs else ""), spills
+
+
+def _amd_resources(gcn: str) -> tuple[str, str]:
+    """('vgpr/sgpr[/agpr]', 'vgpr_spills/sgpr_spills') from the AMDGCN metadata."""
+    def get(key: str) -> str:
+        m = re.search(rf"\.{key}:\s*(\d+)", gcn)
+        return m.group(1) if m else "?"
+    agpr = re.search(r"\.agpr_count:\s*(\d+)", gcn)
+    regs = f"v{get('vgpr_count')}/s{get('sgpr_count')}" + (f"/a{agpr.group(1)}" if agpr else "")
+    return regs, f"v{get('vgpr_spill_count')}/s{get('sgpr_spill_count')}"
+
+
+def _build(job: dict[str, Any]) -> dict[str, Any]:
+    """Compile one job; never raises: failures are recorded in the row."""
+    import importlib
+    row: dict[str, Any] = dict(job, status="error", error="", diagnostic="", matrix_instr="", dots="",
+                               fma_dots="", regs="", spills="", shared="", linked="", compile_s="")
+    t0 = time.perf_counter()
+    stderr: list[str] = []
+    try:
+        import triton
+        row["triton_version"] = triton.__version__
+        mod, fn_name, args = _ARGS[job["kernel"]]
+        fn = getattr(importlib.import_module(mod), fn_name)
+        target = _gpu_target(job["target"])
+        if job["target"].startswith("hip"):
+            _guard_hip_link()
+        _LINK_NOTE.clear()
+        with _capture_stderr() as stderr:
+            src = _ast_source(fn, args, constexprs(job["kernel"], job["BV"]))
+            k = triton.compile(src, target=target,
+                               options=dict(num_warps=job["num_warps"], num_stages=job["num_stages"]))
+        asm = k.asm
+        row["status"] = "ok"
+        row["matrix_instr"] = matrix_instructions(asm)
+        if isinstance(asm.get("ttgir"), str):
+            row["dots"], row["fma_dots"] = dot_lowering(asm["ttgir"])
+        row["shared"] = getattr(k.metadata, "shared", "")
+        if isinstance(asm.get("ptx"), str):
+            row["regs"], row["spills"] = _nvidia_resources(asm["ptx"])
+        elif isinstance(asm.get("amdgcn"), str):
+            row["regs"], row["spills"] = _amd_resources(asm["amdgcn"])
+            row["linked"] = "no" if _LINK_NOTE else "yes"
+            if _LINK_NOTE:
+                row["error"] = _LINK_NOTE[0]
+    except BaseException as e:  # noqa: BLE001 - every failure is data
+        if isinstance(e, KeyboardInterrupt):
+            raise
+        row["error"] = _error_line(e, stderr)
+    diags = [ln.strip() for ln in stderr if re.search(r"\b(error|warning|remark):", ln)]
+    if diags:
+        row["diagnostic"] = re.sub(r"^.*?\b(error|warning|remark):\s*", r"\1: ", diags[0])[:300]
+    row["compile_s"] = round(time.perf_counter() - t0, 2)
+    return row
+
+
+def _init_worker(cache_dir: str) -> None:
+    os.environ["TRITON_CACHE_DIR"] = cache_dir
+    os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # 3.9's default, stated (silences its warning)
+
+
+def run_jobs(job_list: list[dict[str, Any]], workers: int = 2, progress: bool = True,
+             desc: str = "compile") -> list[dict[str, Any]]:
+    """Build the jobs in a process pool (fresh Triton cache, so every build really compiles and prints its
+    diagnostics); results in job order."""
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+    import multiprocessing as mp
+    cache = tempfile.mkdtemp(prefix="gdnlab-triton-cache-")
+    rows: list[dict[str, Any] | None] = [None] * len(job_list)
+    bar = None
+    if progress:
+        try:
+            from tqdm.auto import tqdm
+            bar = tqdm(total=len(job_list), desc=desc, unit="build")
+        except ImportError:
+            bar = None
+    try:
+        with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"), initializer=_init_worker,
+                                 initargs=(cache,)) as ex:
+            futs = {ex.submit(_build, j): i for i, j in enumerate(job_list)}
+            for f in as_completed(futs):
+                rows[futs[f]] = f.result()
+                if bar is not None:
+                    bar.update(1)
+    finally:
+        if bar is not None:
+            bar.close()
+        shutil.rmtree(cache, ignore_errors=True)
+    return [r for r in rows if r is not None]
+
+
+def kernels_sha() -> str:
+    """A short hash of the kernel sources the matrix was built from."""
+    h = hashlib.sha256()
+    for p in sorted((ROOT / "gdnlab" / "kernels").glob("*.py")):
+        h.update(p.read_bytes())
+    return h.hexdigest()[:12]
+
+
+def _static(row: dict[str, Any]) -> str:
+    return check_dot_shapes(row["target"], row["BV"], row["kernel"], row["num_warps"]).summary()
+
+
+def _write(rows: list[dict[str, Any]], path: Path, columns: list[str]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
+        w.writeheader()
+        for r in rows:
+            w.writerow({c: ("" if r.get(c) is None else r.get(c)) for c in columns})
+
+
+def summarize(rows: list[dict[str, Any]], kernel: str = "fused_shipped") -> str:
+    """A text pivot: target x BV -> status and matrix instructions of `kernel` (all warps/stages folded)."""
+    cells: dict[tuple[str, Any], set[str]] = {}
+    for r in rows:
+        if r["kernel"] != kernel:
+            continue
+        val = r["matrix_instr"] if r["status"] == "ok" else "ERROR: " + str(r["error"])[:60]
+        cells.setdefault((r["target"], r["BV"]), set()).add(val)
+    lines = [f"{kernel}:"]
+    for (t, bv), vals in sorted(cells.items(), key=lambda kv: (kv[0][0], kv[0][1] or 0)):
+        lines.append(f"  {t:12s} BV={bv!s:>4}: {' | '.join(sorted(vals))}")
+    return "\n".join(lines)
+
+
+# ---- older releases, each in a throwaway venv -----------------------------------------------------------------
+
+def release_venv(version: str, log: list[str]) -> Path:
+    """A venv with triton==version that also sees this environment's packages (torch, numpy) after its own."""
+    import sysconfig
+    venv = CACHE / "venvs" / f"triton-{version}"
+    py = venv / "bin" / "python"
+    stamp = venv / ".gdnlab-ok"
+    if stamp.exists():
+        return py
+    shutil.rmtree(venv, ignore_errors=True)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    wheels = CACHE / "wheels"
+    wheels.mkdir(parents=True, exist_ok=True)
+    pip = [sys.executable, "-m", "pip"]
+    subprocess.run(pip + ["download", "-q", "--no-deps", "--only-binary=:all:", "-d", str(wheels),
+                          f"triton=={version}"], check=True)
+    site = Path(subprocess.run([str(py), "-c", "import sysconfig;print(sysconfig.get_paths()['purelib'])"],
+                               check=True, capture_output=True, text=True).stdout.strip())
+    subprocess.run(pip + ["install", "-q", "--no-deps", "--no-index", "--find-links", str(wheels),
+                          "--target", str(site), f"triton=={version}"], check=True)
+    # Appended after the venv's own site-packages: torch and numpy come from here, triton from the venv.
+    (site / "zz_gdnlab_parent.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    stamp.write_text(version)
+    log.append(f"created {venv}")
+    return py
+
+
+def run_release(version: str, job_list: list[dict[str, Any]], workers: int = 2) -> list[dict[str, Any]]:
+    """Build `job_list` under Triton `version` in its throwaway venv; a failure to set up is recorded per job."""
+    log: list[str] = []
+    try:
+        py = release_venv(version, log)
+    except Exception as e:  # noqa: BLE001
+        return [dict(j, release=version, status="error", error=f"venv setup failed: {_first_line(str(e))}")
+                for j in job_list]
+    with tempfile.TemporaryDirectory() as d:
+        jin, jout = Path(d) / "jobs.json", Path(d) / "rows.json"
+        jin.write_text(json.dumps(job_list))
+        env = dict(os.environ, PYTHONPATH=str(ROOT), TRITON_CACHE_DIR=str(Path(d) / "cache"))
+        lld = _find_lld()
+        if lld:
+            env["TRITON_HIP_LLD_PATH"] = lld
+        r = subprocess.run([str(py), "-m", "gdnlab.compile_matrix", "--worker", str(jin), str(jout),
+                            "--workers", str(workers)], env=env, capture_output=True, text=True)
+        if r.returncode != 0 or not jout.exists():
+            msg = _first_line((r.stderr or r.stdout).strip().splitlines()[-1] if (r.stderr or r.stdout) else "")
+            return [dict(j, release=version, status="error", error=f"driver failed: {msg}") for j in job_list]
+        rows = json.loads(jout.read_text())
+    for row in rows:
+        row["release"] = version
+    return rows
+
+
+def _worker_main(jin: str, jout: str, workers: int) -> int:
+    """Inside a release venv: build the jobs of `jin`, write the rows to `jout` (no tqdm, no pandas needed)."""
+    from gdnlab import compile_matrix as cm  # so the pool pickles gdnlab.compile_matrix._build, not __main__'s
+
+    job_list = json.loads(Path(jin).read_text())
+    rows = cm.run_jobs(job_list, workers=workers, progress=False)
+    Path(jout).write_text(json.dumps(rows))
+    return 0
+
+
+# ---- CLI ------------------------------------------------------------------------------------------------------
+
+def main(argv: list[str] | None = None) -> int:
+    """`gdnlab compile-matrix [--quick] [--releases V1,V2|all] [--out CSV] [--workers N]`."""
+    ap = argparse.ArgumentParser(prog="gdnlab compile-matrix", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="a 12-build subset (fused_shipped, fwd_o; BV 8, 64)")
+    ap.add_argument("--releases", default=None,
+                    help="comma-separated Triton releases (or 'all') to sweep in throwaway venvs")
+    ap.add_argument("--out", default=None, help="CSV to write (default: reports/tables/compile_matrix*.csv; "
+                                                "--quick writes nothing unless given)")
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--no-progress", action="store_true")
+    ap.add_argument("--worker", nargs=2, metavar=("JOBS_JSON", "ROWS_JSON"), help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+    if a.worker:
+        return _worker_main(a.worker[0], a.worker[1], a.workers)
+
+    if a.releases:
+        versions = DEFAULT_RELEASES if a.releases == "all" else tuple(v.strip() for v in a.releases.split(",") if v)
+        job_list = jobs(kernels=RELEASE_KERNELS, targets=RELEASE_TARGETS, warps=(4,), stages=(2,))
+        rows: list[dict[str, Any]] = []
+        t0 = time.perf_counter()
+        for v in versions:
+            t1 = time.perf_counter()
+            got = run_release(v, job_list, a.workers)
+            for r in got:
+                r["static_check"] = _static(r)
+            rows += got
+            ok = sum(r["status"] == "ok" for r in got)
+            print(f"triton {v}: {ok}/{len(got)} ok ({time.perf_counter() - t1:.0f} s)", flush=True)
+            print(summarize(got), flush=True)
+        out = Path(a.out) if a.out else RELEASES_CSV
+        _write(rows, out, RELEASE_COLUMNS)
+        print(f"wrote {out} ({len(rows)} rows, {time.perf_counter() - t0:.0f} s)")
+        return 0
+
+    job_list = jobs(quick=a.quick)
+    t0 = time.perf_counter()
+    rows = run_jobs(job_list, workers=a.workers, progress=not a.no_progress)
+    sha = kernels_sha()
+    for r in rows:
+        r["static_check"] = _static(r)
+        r["kernels_sha"] = sha
+    wall = time.perf_counter() - t0
+    print(summarize(rows))
+    ok = sum(r["status"] == "ok" for r in rows)
+    print(f"{ok}/{len(rows)} builds ok in {wall:.0f} s wall ({sum(float(r['compile_s']) for r in rows):.0f} s of "
+          f"compiling, {a.workers} workers)")
+    out = Path(a.out) if a.out else (None if a.quick else MATRIX_CSV)
+    if out is not None:
+        _write(rows, out, MATRIX_COLUMNS)
+        print(f"wrote {out}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,227 @@
+"""Static check of tl.dot shapes against each target's matrix instructions, before anything is compiled.
+
+Every lab kernel issues a fixed set of `tl.dot` sites whose shapes follow from the tile sizes (BT = 64 rows per chunk,
+64-wide K tiles, BV-wide V tiles). `kernel_dots` lists them (read off the kernel source); `INSTRUCTIONS` holds, as
+data, the matrix instructions each target has; `check_dot_shapes` says which dots fall below every instruction of
+their operand type (the autotune configs a target cannot serve natively) and which have no instruction at all (an
+FMA loop by design, e.g. fp32 dots with input_precision="ieee" on NVIDIA).
+
+What a Triton release *does* with a below-minimum dot (reject it, pad it up to an instruction, or fall back to FMA)
+differs between releases and targets; `BELOW_MIN_BEHAVIOUR` records that, measured by `gdnlab compile-matrix`, and
+`predict` combines the two into the outcome a build should have.
+
+This module imports nothing but the standard library, so it runs inside the throwaway venvs of older Tritons too.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+#: Targets of the compile matrix: name -> (backend, arch, warp size).
+TARGETS: dict[str, tuple[str, object, int]] = {
+    "cuda:90": ("cuda", 90, 32),
+    "hip:gfx942": ("hip", "gfx942", 64),
+    "hip:gfx1151": ("hip", "gfx1151", 32),
+}
+
+#: Kernels of the compile matrix -> the fused kernel's switches (None for the other kernels).
+FUSED_VARIANTS: dict[str, dict[str, bool]] = {
+    "fused_shipped": dict(DOWNCAST=True, INTRA_VNEW=False),
+    "fused_fixed": dict(DOWNCAST=True, INTRA_VNEW=True),
+    "fused_nodowncast": dict(DOWNCAST=False, INTRA_VNEW=False),
+    "fused_fixed_nodowncast": dict(DOWNCAST=False, INTRA_VNEW=True),
+}
+KERNELS: tuple[str, ...] = ("l2norm", "prologue", "fwd_h", "fwd_o", *FUSED_VARIANTS)
+#: Kernels whose tiles depend on BV (the others compile once per num_warps/num_stages).
+BV_KERNELS: frozenset[str] = frozenset({"fwd_h", "fwd_o", *FUSED_VARIANTS})
+
+
+@dataclass(frozen=True)
+class Dot:
+    """One tl.dot site: [M, K] x [K, N]; operands "bf16", or "fp32" (input_precision="ieee")."""
+
+    site: str
+    M: int
+    N: int
+    K: int
+    operands: str = "bf16"
+
+    @property
+    def shape(self) -> str:
+        return f"[{self.M},{self.K}]x[{self.K},{self.N}]"
+
+
+@dataclass(frozen=True)
+class Instr:
+    """A matrix instruction: the smallest M x N x K block it computes, and the warps it needs."""
+
+    name: str
+    M: int
+    N: int
+    K: int
+    operands: str = "bf16"
+    min_warps: int = 1
+
+    def covers(self, d: Dot, num_warps: int) -> bool:
+        return (d.operands == self.operands and d.M >= self.M and d.N >= self.N and d.K >= self.K
+                and num_warps >= self.min_warps)
+
+
+#: The matrix instructions of each target, per operand type (data; sources: PTX ISA, CDNA3 and RDNA3.5 ISA guides).
+INSTRUCTIONS: dict[str, tuple[Instr, ...]] = {
+    # Hopper: wgmma needs a warpgroup (4 warps) and M = 64; mma.sync m16n8k16 otherwise. fp32 "ieee" dots have no
+    # tensor-core instruction (tf32 would round the operands), so they are FMA loops by design.
+    "cuda:90": (
+        Instr("wgmma.m64nNk16", 64, 8, 16, "bf16", min_warps=4),
+        Instr("mma.m16n8k16", 16, 8, 16, "bf16"),
+    ),
+    # CDNA3 (MI300X): 32x32x8 and 16x16x16 bf16 MFMA, and the 4x4x4 16-block MFMA that Triton uses as a 64x4 or
+    # 4x64 tile; fp32 MFMA exists too (32x32x2, 16x16x4, 4x4x1 16-block).
+    "hip:gfx942": (
+        Instr("v_mfma_f32_32x32x8_bf16", 32, 32, 8),
+        Instr("v_mfma_f32_16x16x16_bf16", 16, 16, 16),
+        Instr("v_mfma_f32_4x4x4_16b_bf16 (64x4)", 64, 4, 4),
+        Instr("v_mfma_f32_4x4x4_16b_bf16 (4x64)", 4, 64, 4),
+        Instr("v_mfma_f32_32x32x2_f32", 32, 32, 2, "fp32"),
+        Instr("v_mfma_f32_16x16x4_f32", 16, 16, 4, "fp32"),
+        Instr("v_mfma_f32_4x4x1_16b_f32 (64x4)", 64, 4, 1, "fp32"),
+        Instr("v_mfma_f32_4x4x1_16b_f32 (4x64)", 4, 64, 1, "fp32"),
+    ),
+    # RDNA3/3.5 WMMA: 16x16x16 is the only shape; no fp32 operands.
+    "hip:gfx1151": (
+        Instr("v_wmma_f32_16x16x16_bf16", 16, 16, 16),
+    ),
+}
+
+
+def kernel_dots(kernel: str, BV: int | None = None, K: int = 128, BT: int = 64) -> list[Dot]:
+    """The tl.dot sites `kernel` issues for one V tile of width BV (K = key dim, BT = chunk rows).
+
+    Read off gdnlab/kernels: every K-tile loop repeats the same shapes, so each site is listed once.
+    """
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel: unknown {kernel!r}; known: {', '.join(KERNELS)}")
+    if kernel in BV_KERNELS and not isinstance(BV, int):
+        raise TypeError(f"BV: {kernel} needs an int BV, got {BV!r}")
+    kt = min(K, 64)  # K is walked in 64-wide register tiles
+    if kernel == "l2norm":
+        return []
+    if kernel == "prologue":
+        return [
+            Dot("beta.K.K^T", BT, BT, kt),
+            Dot("solve_tril (diag blocks, ieee)", BT, BT, BT, "fp32"),
+            Dot("W = T.(beta exp(G) K)", BT, 64, BT),
+            Dot("U = T.(beta V)", BT, 64, BT),
+        ]
+    if kernel == "fwd_h":
+        return [
+            Dot("W.h", BT, BV, kt),
+            Dot("K^T.V_new (state update)", kt, BV, BT),
+        ]
+    if kernel == "fwd_o":
+        return [
+            Dot("Q.h", BT, BV, kt),
+            Dot("Q.K^T", BT, BT, kt),
+            Dot("A.V_new", BT, BV, BT),
+        ]
+    sw = FUSED_VARIANTS[kernel]
+    return [
+        Dot("Q.h", BT, BV, kt, "bf16" if sw["DOWNCAST"] else "fp32"),
+        Dot("Q.K^T", BT, BT, kt),
+        Dot("W.h", BT, BV, kt),
+        Dot("A.V_new" if sw["INTRA_VNEW"] else "A.U", BT, BV, BT),
+        Dot("V_new^T.K (V-first state update)", BV, kt, BT),
+    ]
+
+
+@dataclass(frozen=True)
+class ShapeCheck:
+    """The verdict for one (target, kernel, BV, num_warps): dots below the minimum, dots with no instruction."""
+
+    target: str
+    kernel: str
+    BV: int | None
+    num_warps: int
+    dots: tuple[Dot, ...]
+    below_min: tuple[Dot, ...] = field(default=())
+    no_instr: tuple[Dot, ...] = field(default=())
+
+    @property
+    def ok(self) -> bool:
+        """True when every dot that has an instruction type on this target fits one."""
+        return not self.below_min
+
+    def summary(self) -> str:
+        """'native', or 'below_min: <site shape>; ...' (what the CSV's static_check column holds)."""
+        if self.ok:
+            return "native"
+        return "below_min: " + "; ".join(f"{d.site} {d.shape}" for d in self.below_min)
+
+
+def check_dot_shapes(target: str, BV: int | None, kernel: str = "fused_shipped", num_warps: int = 4, K: int = 128,
+                     BT: int = 64) -> ShapeCheck:
+    """Flag the dots of `kernel` at this BV that fall below every matrix instruction of `target`."""
+    if target not in INSTRUCTIONS:
+        raise ValueError(f"target: unknown {target!r}; known: {', '.join(INSTRUCTIONS)}")
+    if not isinstance(num_warps, int) or num_warps < 1:
+        raise ValueError(f"num_warps: must be a positive int, got {num_warps!r}")
+    dots = tuple(kernel_dots(kernel, BV, K, BT))
+    below, none = [], []
+    for d in dots:
+        cands = [i for i in INSTRUCTIONS[target] if i.operands == d.operands]
+        if not cands:
+            none.append(d)
+        elif not any(i.covers(d, num_warps) for i in cands):
+            below.append(d)
+    return ShapeCheck(target, kernel, BV if kernel in BV_KERNELS else None, num_warps, dots, tuple(below),
+                      tuple(none))
+
+
+def flag_autotune_configs(target: str, kernel: str, configs: list[dict], K: int = 128,
+                          BT: int = 64) -> list[ShapeCheck]:
+    """The configs (dicts with BV and num_warps) of an autotune list that `target` cannot serve natively."""
+    out = []
+    for c in configs:
+        chk = check_dot_shapes(target, c.get("BV"), kernel, c.get("num_warps", 4), K, BT)
+        if not chk.ok:
+            out.append(chk)
+    return out
+
+
+# ---- what each Triton release does with a below-minimum dot (measured; see reports/tables) --------------------
+
+@dataclass(frozen=True)
+class Behaviour:
+    """How Triton releases [first, last] treat a below-minimum dot on `target`."""
+
+    target: str
+    first: str
+    last: str
+    outcome: str  # "error": the build fails; "pad": a matrix instruction on a padded/replicated tile; "fma"
+    how: str
+
+
+#: Filled in from the release sweep (reports/tables/compile_matrix_releases.csv) and the installed-Triton matrix.
+BELOW_MIN_BEHAVIOUR: tuple[Behaviour, ...] = ()
+
+
+def _vkey(v: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in v.split("+")[0].split(".")[:3] if x.isdigit())
+
+
+def behaviour(target: str, triton_version: str) -> Behaviour | None:
+    """The recorded below-minimum behaviour of this Triton release on this target, or None if never measured."""
+    v = _vkey(triton_version)
+    for b in BELOW_MIN_BEHAVIOUR:
+        if b.target == target and _vkey(b.first) <= v <= _vkey(b.last):
+            return b
+    return None
+
+
+def predict(target: str, triton_version: str, BV: int | None, kernel: str, num_warps: int = 4) -> str:
+    """The build outcome the static check predicts: "ok" or "error" (None-behaviour releases predict from the
+    hardware alone: below the minimum -> "error")."""
+    chk = check_dot_shapes(target, BV, kernel, num_warps)
+    if chk.ok:
+        return "ok"
+    b = behaviour(target, triton_version)
+    return "error" if b is None or b.outcome == "error" else "ok"
