@@ -187,20 +187,42 @@ def flag_autotune_configs(target: str, kernel: str, configs: list[dict], K: int 
     return out
 
 
-# ---- what each Triton release does with a below-minimum dot (measured; see reports/tables) --------------------
+# ---- what each Triton release does with small dots --------------------------------------------------------------
+
+@dataclass(frozen=True)
+class FrontendMin:
+    """The (M, N, K) minimum that `tl.dot` itself asserts in Triton releases [first, last] for targets whose name
+    starts with `target` (read from each release's backend `min_dot_size` / language/semantic.py; for 16-bit and
+    32-bit operands, which share it in every release for the shapes these kernels use)."""
+
+    first: str
+    last: str
+    target: str
+    mnk: tuple[int, int, int]
+
+
+FRONTEND_MIN: tuple[FrontendMin, ...] = (
+    FrontendMin("3.0.0", "3.1.99", "", (16, 16, 16)),  # one assert for every target: "must be >= 16!"
+    FrontendMin("3.2.0", "3.2.99", "hip:gfx94", (16, 16, 8)),
+    FrontendMin("3.2.0", "3.2.99", "", (16, 16, 16)),
+    FrontendMin("3.3.0", "3.4.99", "cuda", (16, 16, 16)),
+    FrontendMin("3.3.0", "9.99", "hip", (1, 1, 1)),  # AMD: "fall back to FMA if no matrix instruction fits"
+    FrontendMin("3.5.0", "9.99", "cuda", (1, 1, 16)),  # NVIDIA pads small M/N up to an instruction
+)
+
 
 @dataclass(frozen=True)
 class Behaviour:
-    """How Triton releases [first, last] treat a below-minimum dot on `target`."""
+    """How Triton releases [first, last] treat a dot that passes the frontend but is below the hardware minimum."""
 
     target: str
     first: str
     last: str
-    outcome: str  # "error": the build fails; "pad": a matrix instruction on a padded/replicated tile; "fma"
+    outcome: str  # "error": the build fails; "pad": a matrix instruction on a padded tile; "fma": an FMA loop
     how: str
 
 
-#: Filled in from the release sweep (reports/tables/compile_matrix_releases.csv) and the installed-Triton matrix.
+#: Measured by `gdnlab compile-matrix` (reports/tables/compile_matrix.csv and compile_matrix_releases.csv).
 BELOW_MIN_BEHAVIOUR: tuple[Behaviour, ...] = ()
 
 
@@ -208,19 +230,34 @@ def _vkey(v: str) -> tuple[int, ...]:
     return tuple(int(x) for x in v.split("+")[0].split(".")[:3] if x.isdigit())
 
 
+def _in(v: str, first: str, last: str) -> bool:
+    return _vkey(first) <= _vkey(v) <= _vkey(last)
+
+
+def frontend_min(target: str, triton_version: str) -> tuple[int, int, int] | None:
+    """The tl.dot shape assertion of this release for this target (None: release not in the table)."""
+    for f in FRONTEND_MIN:
+        if target.startswith(f.target) and _in(triton_version, f.first, f.last):
+            return f.mnk
+    return None
+
+
 def behaviour(target: str, triton_version: str) -> Behaviour | None:
     """The recorded below-minimum behaviour of this Triton release on this target, or None if never measured."""
-    v = _vkey(triton_version)
     for b in BELOW_MIN_BEHAVIOUR:
-        if b.target == target and _vkey(b.first) <= v <= _vkey(b.last):
+        if b.target == target and _in(triton_version, b.first, b.last):
             return b
     return None
 
 
 def predict(target: str, triton_version: str, BV: int | None, kernel: str, num_warps: int = 4) -> str:
-    """The build outcome the static check predicts: "ok" or "error" (None-behaviour releases predict from the
-    hardware alone: below the minimum -> "error")."""
+    """The build outcome predicted before compiling: "error" when a dot fails this release's tl.dot assertion, or
+    is below the hardware minimum where the release rejects such dots (or its behaviour was never measured);
+    else "ok"."""
     chk = check_dot_shapes(target, BV, kernel, num_warps)
+    fmin = frontend_min(target, triton_version)
+    if fmin is not None and any(d.M < fmin[0] or d.N < fmin[1] or d.K < fmin[2] for d in chk.dots):
+        return "error"
     if chk.ok:
         return "ok"
     b = behaviour(target, triton_version)

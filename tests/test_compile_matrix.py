@@ -1,0 +1,208 @@
+"""The static dot-shape check, its agreement with what the compiler did (the committed compile-matrix CSVs), the
+parsers of the build worker, and one real cross-target compile."""
+from __future__ import annotations
+
+import csv
+import time
+from pathlib import Path
+
+import pytest
+
+from gdnlab import dot_shapes as ds
+from gdnlab.compile_matrix import (BVS, MATRIX_CSV, RELEASES_CSV, STAGES, WARPS, dot_lowering, jobs,
+                                   matrix_instructions)
+
+SHIPPED_AUTOTUNE = [dict(BV=bv, num_warps=w, num_stages=s) for bv in BVS for w in WARPS for s in STAGES]
+V_FIRST = "V_new^T.K (V-first state update)"
+
+
+# ---- the static check ------------------------------------------------------------------------------------------
+
+def test_gfx1151_flags_exactly_the_bv8_configs():
+    flagged = ds.flag_autotune_configs("hip:gfx1151", "fused_shipped", SHIPPED_AUTOTUNE)
+    assert len(flagged) == 6 and {c.BV for c in flagged} == {8}
+    sites = {d.site for d in flagged[0].below_min}
+    assert sites == {"Q.h", "W.h", "A.U", V_FIRST}  # every BV-wide dot; Q.K^T is 64x64x64
+    assert "below_min" in flagged[0].summary() and "[64,64]x[64,8]" in flagged[0].summary()
+
+
+def test_gfx942_serves_every_shipped_config():
+    # CDNA3's 4x4x4 16-block MFMA covers 64x8 and 8x64 tiles: the MI300X occupancy configs are legal there.
+    assert ds.flag_autotune_configs("hip:gfx942", "fused_shipped", SHIPPED_AUTOTUNE) == []
+
+
+def test_hopper_bv8_only_the_v_first_update_is_below_mma():
+    chk = ds.check_dot_shapes("cuda:90", 8, "fused_shipped")
+    assert [d.site for d in chk.below_min] == [V_FIRST]  # M = 8 < mma's 16; N = 8 is fine (m16n8k16)
+    assert ds.check_dot_shapes("cuda:90", 8, "fwd_o").ok  # the two-kernel path keeps BV on N
+    assert ds.check_dot_shapes("cuda:90", 8, "fwd_h").ok
+    assert not ds.check_dot_shapes("hip:gfx1151", 8, "fwd_o").ok
+
+
+def test_bv16_and_up_are_native_everywhere():
+    for t in ds.TARGETS:
+        for k in ds.KERNELS:
+            for bv in (16, 32, 64):
+                for w in (2, 4):
+                    assert ds.check_dot_shapes(t, bv, k, w).ok, (t, k, bv, w)
+
+
+def test_fused_dot_shapes_follow_the_tiles():
+    dots = {d.site: (d.M, d.N, d.K, d.operands) for d in ds.kernel_dots("fused_shipped", 16)}
+    assert dots == {"Q.h": (64, 16, 64, "bf16"), "Q.K^T": (64, 64, 64, "bf16"), "W.h": (64, 16, 64, "bf16"),
+                    "A.U": (64, 16, 64, "bf16"), V_FIRST: (16, 64, 64, "bf16")}
+    fixed = {d.site for d in ds.kernel_dots("fused_fixed", 16)}
+    assert "A.V_new" in fixed and "A.U" not in fixed
+    nodown = {d.site: d.operands for d in ds.kernel_dots("fused_nodowncast", 16)}
+    assert nodown["Q.h"] == "fp32"
+    assert ds.kernel_dots("l2norm") == []
+
+
+def test_fp32_ieee_dots_have_no_matrix_instruction_on_nvidia_or_rdna():
+    for t in ("cuda:90", "hip:gfx1151"):
+        chk = ds.check_dot_shapes(t, None, "prologue")
+        assert [d.operands for d in chk.no_instr] == ["fp32"] and chk.ok
+        assert [d.site for d in ds.check_dot_shapes(t, 32, "fused_nodowncast").no_instr] == ["Q.h"]
+    assert ds.check_dot_shapes("hip:gfx942", None, "prologue").no_instr == ()
+
+
+def test_wgmma_needs_a_warpgroup():
+    wg = next(i for i in ds.INSTRUCTIONS["cuda:90"] if i.name.startswith("wgmma"))
+    d = ds.Dot("x", 64, 16, 64)
+    assert wg.covers(d, 4) and not wg.covers(d, 2)
+    assert ds.check_dot_shapes("cuda:90", 16, "fused_shipped", num_warps=2).ok  # mma.sync serves 2 warps
+
+
+def test_bad_arguments_are_named():
+    with pytest.raises(ValueError, match="target"):
+        ds.check_dot_shapes("hip:gfx90a", 16)
+    with pytest.raises(ValueError, match="kernel"):
+        ds.check_dot_shapes("cuda:90", 16, "nope")
+    with pytest.raises(TypeError, match="BV"):
+        ds.check_dot_shapes("cuda:90", None, "fused_shipped")
+    with pytest.raises(ValueError, match="num_warps"):
+        ds.check_dot_shapes("cuda:90", 16, num_warps=0)
+
+
+def test_frontend_minima_per_release():
+    assert ds.frontend_min("hip:gfx1151", "3.0.0") == (16, 16, 16)
+    assert ds.frontend_min("cuda:90", "3.1.0") == (16, 16, 16)
+    assert ds.frontend_min("hip:gfx942", "3.2.0") == (16, 16, 8)
+    assert ds.frontend_min("hip:gfx1151", "3.2.0") == (16, 16, 16)
+    assert ds.frontend_min("hip:gfx1151", "3.3.1") == (1, 1, 1)
+    assert ds.frontend_min("cuda:90", "3.4.0") == (16, 16, 16)
+    assert ds.frontend_min("cuda:90", "3.9.0") == (1, 1, 16)
+    # Triton <= 3.1 rejects BV = 8 even where the hardware has an instruction for it.
+    assert ds.predict("hip:gfx942", "3.0.0", 8, "fused_shipped") == "error"
+    assert ds.predict("hip:gfx942", "3.9.0", 8, "fused_shipped") == "ok"
+    assert ds.predict("hip:gfx1151", "3.9.0", 64, "fused_shipped") == "ok"
+
+
+# ---- the worker's parsers --------------------------------------------------------------------------------------
+
+def test_matrix_instruction_parser():
+    ptx = ("wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {...};\n"
+           "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {...};")
+    assert matrix_instructions({"ptx": ptx}) == "mma.m16n8k16.bf16;wgmma.m64n8k16.bf16"
+    gcn = "v_wmma_f32_16x16x16_bf16 v[0:7], v[8:15]\nv_mfma_f32_4x4x4_16b_bf16 a[0:3]"
+    assert matrix_instructions({"amdgcn": gcn}) == "v_mfma_f32_4x4x4_16b_bf16;v_wmma_f32_16x16x16_bf16"
+    assert matrix_instructions({"amdgcn": "v_fma_f32 v0, v1, v2"}) == "none"
+
+
+def test_dot_lowering_parser():
+    ttgir = "\n".join([
+        "#blocked = #ttg.blocked<{sizePerThread = [1, 1]}>",
+        "#mma = #ttg.nvidia_mma<{versionMajor = 3, versionMinor = 0, instrShape = [16, 8, 16]}>",
+        "#mma1 = #ttg.nvidia_mma<{versionMajor = 2, versionMinor = 0, instrShape = [16, 8]}>",
+        "%1 = ttng.warp_group_dot %a, %b, %c {inputPrecision = 0 : i32} : !ttg.memdesc<64x64xbf16, #s> * "
+        "!ttg.memdesc<64x8xbf16, #s> -> tensor<64x8xf32, #mma> loc(#l)",
+        "%2 = tt.dot %a, %b, %c : tensor<8x64xbf16, #ttg.dot_op<{opIdx = 0, parent = #mma1}>> * "
+        "tensor<64x64xbf16, #ttg.dot_op<{opIdx = 1, parent = #mma1}>> -> tensor<8x64xf32, #mma1>",
+        "%3 = tt.dot %a, %b, %c, inputPrecision = ieee : tensor<64x64xf32, #ttg.dot_op<{opIdx = 0, parent = "
+        "#blocked}>> * tensor<64x64xf32, #ttg.dot_op<{opIdx = 1, parent = #blocked}>> -> tensor<64x64xf32, #blocked>",
+    ])
+    dots, fma = dot_lowering(ttgir)
+    assert dots == "64x64x64 f32:fma;64x8x64 bf16:wgmma;8x64x64 bf16:mma" and fma == 1
+
+
+# ---- agreement with what the compiler did ----------------------------------------------------------------------
+
+def _rows(path: Path) -> list[dict[str, str]]:
+    if not path.exists():
+        pytest.skip(f"{path.name} not generated yet (gdnlab compile-matrix)")
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+def _bv(row: dict[str, str]) -> int | None:
+    return int(row["BV"]) if row["BV"] else None
+
+
+def _observed(row: dict[str, str]) -> dict[tuple[int, int, int, str], str]:
+    out = {}
+    for item in filter(None, row["dots"].split(";")):
+        shape, kind = item.split(":")
+        mnk, dt = shape.split(" ")
+        m, n, k = (int(x) for x in mnk.split("x"))
+        out[(m, n, k, "fp32" if dt == "f32" else dt)] = kind
+    return out
+
+
+def _agree(row: dict[str, str], version: str) -> None:
+    """The static check's prediction and the compiler's record of one build must tell the same story."""
+    t, k, bv, w = row["target"], row["kernel"], _bv(row), int(row["num_warps"])
+    where = f"{version} {t} {k} BV={bv} warps={w}"
+    assert ds.predict(t, version, bv, k, w) == row["status"], f"{where}: {row['error']}"
+    if row["status"] != "ok":
+        return
+    chk = ds.check_dot_shapes(t, bv, k, w)
+    seen = _observed(row)
+    assert set(seen) == {(d.M, d.N, d.K, d.operands) for d in chk.dots}, f"{where}: dot shapes"
+    b = ds.behaviour(t, version)
+    for d in chk.dots:
+        kind = seen[(d.M, d.N, d.K, d.operands)]
+        if d in chk.no_instr:
+            assert kind == "fma", f"{where}: {d.site} has no instruction yet lowered to {kind}"
+        elif d in chk.below_min:
+            assert b is not None, f"{where}: {d.site} below minimum, and this release's behaviour is unrecorded"
+            assert (kind == "fma") == (b.outcome == "fma"), f"{where}: {d.site} below minimum, lowered to {kind}"
+        else:
+            assert kind != "fma", f"{where}: {d.site} fits an instruction yet became an FMA loop"
+    if chk.dots and len(chk.no_instr) < len(chk.dots):
+        assert row["matrix_instr"] != "none", where
+
+
+def test_matrix_csv_covers_every_config():
+    rows = _rows(MATRIX_CSV)
+    got = sorted((r["target"], r["kernel"], r["BV"], r["num_warps"], r["num_stages"]) for r in rows)
+    want = sorted((j["target"], j["kernel"], "" if j["BV"] is None else str(j["BV"]), str(j["num_warps"]),
+                   str(j["num_stages"])) for j in jobs())
+    assert got == want
+    assert len({r["triton_version"] for r in rows}) == 1
+
+
+def test_static_check_agrees_with_the_matrix():
+    for row in _rows(MATRIX_CSV):
+        _agree(row, row["triton_version"])
+
+
+def test_static_check_agrees_with_every_release():
+    rows = [r for r in _rows(RELEASES_CSV) if not r["error"].startswith(("venv setup failed", "driver failed"))]
+    assert rows
+    for row in rows:
+        _agree(row, row["release"])
+
+
+# ---- one real compile ------------------------------------------------------------------------------------------
+
+def test_real_compile_gfx942_fwd_o_bv8(tmp_path, monkeypatch):
+    pytest.importorskip("triton.backends.amd.compiler")
+    from gdnlab.compile_matrix import _build
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    t0 = time.perf_counter()
+    row = _build(dict(target="hip:gfx942", kernel="fwd_o", BV=8, num_warps=4, num_stages=2))
+    assert row["status"] == "ok", row["error"]
+    assert "v_mfma_f32_4x4x4_16b_bf16" in row["matrix_instr"]  # the 64x8 tiles, on the 16-block MFMA
+    row["triton_version"] = row.get("triton_version", "")
+    _agree({k: str(v) for k, v in row.items()}, row["triton_version"])
+    assert time.perf_counter() - t0 < 60
