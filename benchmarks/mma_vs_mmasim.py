@@ -6,7 +6,8 @@ through the model, and write ``reports/tables/mma_models_vs_mmasim.csv``. Two ro
 instructions (the instruction's own K) and chains of instructions over K = 64 (each D feeding the next C, as a
 compiled ``tl.dot`` walks K).
 
-Columns: model, mmasim_arch, instruction, k_total, cases (tiles), elements (output values), bit_exact_fraction
+Columns: model (the gdnlab model that computed: for tf32/fp32 operands the unit's model for them, see
+``MMAModel.for_inputs``), input_type, mmasim_arch, instruction, k_total, cases (tiles), elements (output values), bit_exact_fraction
 (identical fp32 bit patterns, any NaN counted equal to any NaN), strict_bit_exact_fraction (NaN payloads must match
 too), tile_exact_fraction (tiles whose every output matches), mmasim_version, date, notes.
 
@@ -33,7 +34,7 @@ CHAIN_K = 64
 # validated against the CDNA2 bf16 MFMA without _1k, which mmasim models as flushed pairwise fp32 adds.
 EXTRA_TARGETS = {
     "cdna2_pairwise2_path": dict(
-        model=mma.PairwiseFP32Add("pairwise2_ftz", "code-path check", k_block=2, ftz=True),
+        model=mma.PairwiseFP32Add("pairwise2_ftz", "code-path check", k_block=2, ftz=True, instr_k=8),
         family="MFMA", arch="CDNA2", instruction="f32_16x16x8bf16", shape=(16, 16, 8),
         note="code path of rdna3_hyp_dot2 (PairwiseFP32Add, k_block=2) with flushing on; "
              "rdna3_hyp_dot2 itself differs only in not flushing"),
@@ -68,16 +69,17 @@ def _nan_note(ref: np.ndarray, got: np.ndarray) -> str:
 
 def run_target(key: str, spec: dict, tiles: int, k_total: int, seed: int) -> dict:
     """Validate one instruction (chained to ``k_total``) on ``tiles`` random tiles."""
+    input_type = spec.get("input", "bf16")
     model = spec["model"] if isinstance(spec["model"], mma.MMAModel) else mma.get_model(spec["model"])
+    model = model.for_inputs(input_type)
     m, n, k = spec["shape"]
-    a, b, c = mma.random_tiles(tiles, m, k_total, n, seed=seed)
+    a, b, c = mma.random_tiles(tiles, m, k_total, n, seed=seed, input_type=input_type)
     labels = np.array(mma.tile_kinds(tiles), dtype=object)
-    sim_spec = dict(spec, model=model.name)
-    mma.MMASIM_TARGETS.setdefault(key, sim_spec)
+    mma.MMASIM_TARGETS.setdefault(key, dict(spec, model=model.name))
     t0 = time.perf_counter()
     ref = mma.mmasim_dot(key, a, b, c)
     t1 = time.perf_counter()
-    got = model.dot(a, b, c)
+    got = model.dot(a, b, c, input_type=input_type)
     t2 = time.perf_counter()
     # the batched call must agree with mmasim's own instruction object: check one tile of every kind
     for i in range(min(tiles, len(mma.TILE_KINDS))):
@@ -90,6 +92,7 @@ def run_target(key: str, spec: dict, tiles: int, k_total: int, seed: int) -> dic
                       if x)
     row = dict(
         model=model.name,
+        input_type=input_type,
         mmasim_arch=spec["arch"],
         instruction=f"{spec['family'].lower()} {spec['instruction']}"
                     + ("" if k_total == k else f" x{k_total // k} chained"),

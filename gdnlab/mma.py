@@ -39,6 +39,7 @@ __all__ = [
     "CDNA3FusedDot",
     "PairwiseFP32Add",
     "MODELS",
+    "FP32_FMA",
     "get_model",
     "bit_exact_fraction",
     "to_bf16",
@@ -56,6 +57,7 @@ _F32_EMIN = -126  # smallest normal fp32 (and bf16) exponent
 _ZERO_EXP = -2000  # exponent given to zero operands so that zero products never set a maximum
 _TWO128 = 2.0**128
 _CANON_NAN_BITS = np.uint32(0x7FFFFFFF)  # the NaN mmasim returns
+_LOW_BITS = {"bf16": np.uint32(0xFFFF), "tf32": np.uint32(0x1FFF), "fp32": np.uint32(0)}  # bits that must be 0
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -134,7 +136,7 @@ class MMAModel:
     Attributes: ``name``; ``description`` (the arithmetic, with its parameters); ``k_block`` (products fused per
     step: K is walked in order in blocks of this size, the last block may be shorter); ``mmasim`` (the mmasim
     architecture and instruction the model is validated against, or None); ``equivalent_to`` (the name of a model
-    with identical arithmetic, or None).
+    with identical arithmetic, or None); ``tf32`` (the model of the unit's tf32 path, or None).
     """
 
     name: str
@@ -142,10 +144,16 @@ class MMAModel:
     k_block: int
     mmasim: tuple[str, str] | None = None
     equivalent_to: str | None = None
+    tf32: MMAModel | None = None
 
-    def dot(self, a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
-        """``D = a @ b + c``: a ``[..., M, K]`` and b ``[..., K, N]`` float32 holding bf16 values, c ``[..., M, N]``
-        float32; leading batch dimensions broadcast. Returns float32 ``[..., M, N]``; inputs are not modified."""
+    def dot(self, a: np.ndarray, b: np.ndarray, c: np.ndarray, input_type: str = "bf16") -> np.ndarray:
+        """``D = a @ b + c``: a ``[..., M, K]`` and b ``[..., K, N]`` float32, c ``[..., M, N]`` float32; leading batch
+        dimensions broadcast. Returns float32 ``[..., M, N]``; inputs are not modified.
+
+        ``input_type`` says what the operands are on the device: ``"bf16"`` (the default: the values must be
+        bf16-representable; the model's own arithmetic), ``"tf32"`` (values must be tf32-representable; the unit's
+        tf32 path where it has one, see :meth:`for_inputs`) or ``"fp32"`` (an fp32 FMA chain).
+        """
         a32 = np.asarray(a, dtype=np.float32)
         b32 = np.asarray(b, dtype=np.float32)
         c32 = np.asarray(c, dtype=np.float32)
@@ -155,17 +163,31 @@ class MMAModel:
             raise ValueError(f"a is [..., M, K] and b [..., K, N]: got {a32.shape} and {b32.shape}")
         if c32.shape[-2:] != (a32.shape[-2], b32.shape[-1]):
             raise ValueError(f"c must be [..., {a32.shape[-2]}, {b32.shape[-1]}], got {c32.shape}")
-        if not _is_bf16(a32):
-            raise ValueError("a holds values that are not bf16-representable")
-        if not _is_bf16(b32):
-            raise ValueError("b holds values that are not bf16-representable")
+        if input_type not in _LOW_BITS:
+            raise ValueError(f"input_type must be one of {sorted(_LOW_BITS)}, got {input_type!r}")
+        for name, x in (("a", a32), ("b", b32)):
+            if np.any(x.view(np.uint32) & _LOW_BITS[input_type]):
+                raise ValueError(f"{name} holds values that are not {input_type}-representable")
         batch = np.broadcast_shapes(a32.shape[:-2], b32.shape[:-2], c32.shape[:-2])
         a32 = np.broadcast_to(a32, batch + a32.shape[-2:])
         b32 = np.broadcast_to(b32, batch + b32.shape[-2:])
         c32 = np.array(np.broadcast_to(c32, batch + c32.shape[-2:]), dtype=np.float32)
         if a32.shape[-1] == 0:
             return c32
-        return self._dot(a32, b32, c32)
+        return self.for_inputs(input_type)._dot(a32, b32, c32)
+
+    def for_inputs(self, input_type: str) -> MMAModel:
+        """The model that computes this unit's dots on ``input_type`` operands: itself for ``"bf16"``; its
+        ``tf32`` model for ``"tf32"`` where the unit has a tf32 path (NVIDIA tensor cores, CDNA3 xf32), else the
+        fp32 FMA chain; the fp32 FMA chain for ``"fp32"`` (how Triton compiles ``input_precision="ieee"`` fp32 dots
+        for NVIDIA and RDNA, and how CDNA computes fp32 MFMA)."""
+        if input_type == "bf16":
+            return self
+        if input_type == "tf32" and self.tf32 is not None:
+            return self.tf32
+        if input_type in ("tf32", "fp32"):
+            return FP32_FMA
+        raise ValueError(f"input_type must be one of {sorted(_LOW_BITS)}, got {input_type!r}")
 
     def _dot(self, a32: np.ndarray, b32: np.ndarray, c32: np.ndarray) -> np.ndarray:
         raise NotImplementedError
@@ -187,12 +209,13 @@ class SequentialFMA(MMAModel):
 
     def _dot(self, a32: np.ndarray, b32: np.ndarray, c32: np.ndarray) -> np.ndarray:
         k = a32.shape[-1]
-        finite = np.isfinite(a32).all() and np.isfinite(b32).all()
+        finite = np.isfinite(a32).all() and np.isfinite(b32).all() and _is_bf16(a32) and _is_bf16(b32)
         amax, bmax = (float(np.abs(x).max()) if finite else np.inf for x in (a32, b32))
         anz, bnz = (np.abs(x[x != 0]) for x in (a32, b32))
         amin = float(anz.min()) if anz.size else 1.0
         bmin = float(bnz.min()) if bnz.size else 1.0
-        # Every product exact in fp32 (< 2**127 and a multiple of 2**-149)? Then c + fl32(p) is the FMA.
+        # bf16 values with every product exact in fp32 (< 2**127 and a multiple of 2**-149)? Then c + fl32(p) is
+        # the FMA. Otherwise (fp32 values too): exact float64 products, TwoSum, round to odd, round to fp32.
         if finite and amax * bmax < 2.0**127 and amin * bmin >= 2.0**-133:
             c = c32.copy()
             with np.errstate(invalid="ignore", over="ignore"):
@@ -311,15 +334,18 @@ class PairwiseFP32Add(MMAModel):
     """Products rounded to fp32, then a tree of fp32 round-to-nearest-even additions per block, added to C.
 
     ``k_block`` is 2 (``c + (p0 + p1)``) or 4 (``c + ((p0 + p1) + (p2 + p3))``). With ``ftz`` (AMD CDNA2, MMA-Sim's
-    FTZ_MUL_ADD) subnormal inputs and C are flushed to +0 and every subnormal product or sum is flushed to a zero of
-    its sign. A K that is not a multiple of ``k_block`` is padded with +0 products.
+    FTZ_MUL_ADD) subnormal inputs are flushed to +0, every subnormal product or sum to a zero of its sign, and C to
+    +0 at the start of every instruction of ``instr_k`` products (which only turns a -0 accumulator into +0 there).
+    ``instr_k="auto"`` follows the instruction Triton picks for CDNA2 bf16: 32x32x8 (K = 8) when the output tile
+    has M, N >= 32, else 16x16x16 (K = 16). A K that is not a multiple of ``k_block`` is padded with +0 products.
     """
 
-    def __init__(self, name: str, description: str, k_block: int, ftz: bool,
+    def __init__(self, name: str, description: str, k_block: int, ftz: bool, instr_k: int | str = "auto",
                  mmasim: tuple[str, str] | None = None, equivalent_to: str | None = None) -> None:
         if k_block not in (2, 4):
             raise ValueError("k_block must be 2 or 4")
         self.name, self.description, self.k_block, self.ftz = name, description, k_block, ftz
+        self.instr_k = instr_k
         self.mmasim, self.equivalent_to = mmasim, equivalent_to
 
     def _flush(self, x: np.ndarray, keep_sign: bool) -> np.ndarray:
@@ -330,15 +356,20 @@ class PairwiseFP32Add(MMAModel):
 
     def _dot(self, a32: np.ndarray, b32: np.ndarray, c32: np.ndarray) -> np.ndarray:
         k, P = a32.shape[-1], self.k_block
+        instr_k = self.instr_k
+        if instr_k == "auto":
+            instr_k = 8 if min(c32.shape[-2:]) >= 32 else 16
         with np.errstate(invalid="ignore", over="ignore"):
             a = self._flush(a32, keep_sign=False)
             b = self._flush(b32, keep_sign=False)
-            c = self._flush(c32, keep_sign=False)
+            c = c32
             kp = -(-k // P) * P
             prod = np.zeros(c.shape + (kp,), dtype=np.float32)
             prod[..., :k] = a[..., :, None, :] * np.swapaxes(b, -1, -2)[..., None, :, :]
             prod = self._flush(prod, keep_sign=True)
             for k0 in range(0, kp, P):
+                if k0 % int(instr_k) == 0:
+                    c = self._flush(c, keep_sign=False)
                 s = self._flush(prod[..., k0] + prod[..., k0 + 1], keep_sign=True)
                 if P == 4:
                     s2 = self._flush(prod[..., k0 + 2] + prod[..., k0 + 3], keep_sign=True)
@@ -381,7 +412,8 @@ def _build_models() -> dict[str, MMAModel]:
             "cdna2",
             "AMD CDNA2 (MI200, gfx90a) v_mfma_f32_*bf16_1k: subnormal inputs and C flushed to +0, products in fp32, "
             "per step of 4 products c + ((p0 + p1) + (p2 + p3)) with each addition fp32 round-to-nearest-even and "
-            "every subnormal product or sum flushed to a signed zero. k_block = 4.",
+            "every subnormal product or sum flushed to a signed zero, C flushed to +0 at the start of each "
+            "instruction (K = 8 for output tiles with M, N >= 32, else 16). k_block = 4.",
             k_block=4, ftz=True, mmasim=("CDNA2", "v_mfma_f32_32x32x8bf16_1k; v_mfma_f32_16x16x16bf16_1k"),
         ),
         SequentialFMA(
@@ -406,9 +438,33 @@ def _build_models() -> dict[str, MMAModel]:
             k_block=16, F=24, e_zero=-132,
         ),
     ]
-    return {m.name: m for m in models}
+    by_name = {m.name: m for m in models}
+    by_name["hopper"].tf32 = TruncatedFusedDot(
+        "hopper_tf32",
+        "NVIDIA sm_90 tf32 wgmma/mma with fp32 accumulate: as 'hopper' with 8 products per step. "
+        "k_block = 8, F = 25, e_zero = -133.",
+        k_block=8, F=25, e_zero=-133, mmasim=("Hopper", "wgmma m64n8k8.f32.tf32.tf32; mma m16n8k8"),
+    )
+    by_name["ampere"].tf32 = TruncatedFusedDot(
+        "ampere_tf32",
+        "NVIDIA sm_80 tf32 mma with fp32 accumulate: as 'ampere' with 4 products per step. "
+        "k_block = 4, F = 24, e_zero = -132.",
+        k_block=4, F=24, e_zero=-132, mmasim=("Ampere", "mma m16n8k8.f32.tf32.tf32.f32"),
+    )
+    by_name["cdna3"].tf32 = CDNA3FusedDot(
+        "cdna3_xf32",
+        "AMD CDNA3 v_mfma_f32_*_xf32: as 'cdna3' with 4 products per step. k_block = 4, F = 24, F2 = 31.",
+        k_block=4, F=24, F2=31, mmasim=("CDNA3", "v_mfma_f32_16x16x8_xf32"),
+    )
+    return by_name
 
 
+FP32_FMA: MMAModel = SequentialFMA(
+    "fp32_fma",
+    "fp32 (or tf32) operands on a unit without a tf32 path: an fp32 FMA chain, c = RNE_fp32(c + a_k*b_k) with the "
+    "product exact, k = 0..K-1 (CDNA fp32 MFMA; Triton's input_precision='ieee' fp32 dots). k_block = 1.",
+    mmasim=("CDNA3", "v_mfma_f32_16x16x4_f32"),
+)
 MODELS: dict[str, MMAModel] = _build_models()
 
 
@@ -435,7 +491,7 @@ TILE_KINDS: tuple[str, ...] = (
     "subnormal",  # bf16 subnormal inputs, fp32 subnormal C, products and results in the subnormal range
     "ties",       # integer products onto C = +-(2**24 + even): half-ulp ties, scaled by 2**r
     "zeros",      # half the operands +-0, C +-0 or tiny: zero-term exponent and signed-zero rules
-    "overflow",   # products up to 2**142 and C near fp32 max: results beyond fp32's range or cancelling back
+    "overflow",   # products up to 2**127 and C near fp32 max: results beyond fp32's range or cancelling back
     "specials",   # inf and NaN sprinkled into A, B and C
 )
 HARDWARE_KINDS: tuple[str, ...] = tuple(k for k in TILE_KINDS if k != "specials")
@@ -468,6 +524,18 @@ def _rand_f32(rng: np.random.Generator, shape: tuple[int, ...], emin: int, emax:
     return bits.view(np.float32)
 
 
+def _widen(x: np.ndarray, input_type: str) -> np.ndarray:
+    """bf16 values given the extra mantissa bits of ``input_type`` (tf32: 3 more, fp32: 16 more), chosen by a hash of
+    the magnitude so that equal and opposite values stay equal and opposite; zeros, inf and NaN unchanged."""
+    if input_type == "bf16":
+        return x
+    bits = x.view(np.uint32)
+    mag = (bits >> np.uint32(16)) & np.uint32(0x7FFF)
+    low = ((mag * np.uint32(0x9E3779B1)) >> np.uint32(13)) & np.uint32(0xFFFF) & ~_LOW_BITS[input_type]
+    keep = (mag == 0) | ~np.isfinite(x)
+    return np.where(keep, bits, bits | low).astype(np.uint32).view(np.float32)
+
+
 def _signed_zeros(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
     return np.where(rng.integers(0, 2, shape) == 1, np.float32(-0.0), np.float32(0.0)).astype(np.float32)
 
@@ -476,19 +544,24 @@ def _exact_dot(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.matmul(a.astype(np.float64), b.astype(np.float64))
 
 
-def _kind_tiles(kind: str, rng: np.random.Generator, t: int, m: int, k: int, n: int
+def _kind_tiles(kind: str, rng: np.random.Generator, t: int, m: int, k: int, n: int, input_type: str = "bf16"
                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``t`` tiles of one kind; A and B hold ``input_type`` values (bf16 patterns widened by :func:`_widen`)."""
     sa, sb, sc = (t, m, k), (t, k, n), (t, m, n)
+
+    def w(x: np.ndarray) -> np.ndarray:
+        return _widen(np.asarray(x, dtype=np.float32), input_type)
+
     if kind == "normal":
-        return to_bf16(rng.standard_normal(sa)), to_bf16(rng.standard_normal(sb)), \
+        return w(to_bf16(rng.standard_normal(sa))), w(to_bf16(rng.standard_normal(sb))), \
             rng.standard_normal(sc).astype(np.float32)
     if kind == "uniform":
-        return _rand_bf16(rng, sa, -6, 6), _rand_bf16(rng, sb, -6, 6), _rand_f32(rng, sc, -4, 8)
+        return w(_rand_bf16(rng, sa, -6, 6)), w(_rand_bf16(rng, sb, -6, 6)), _rand_f32(rng, sc, -4, 8)
     if kind == "spread":
-        return _rand_bf16(rng, sa, -40, 40), _rand_bf16(rng, sb, -40, 40), _rand_f32(rng, sc, -60, 60)
+        return w(_rand_bf16(rng, sa, -40, 40)), w(_rand_bf16(rng, sb, -40, 40)), _rand_f32(rng, sc, -60, 60)
     if kind == "cancel":
-        a = _rand_bf16(rng, sa, -4, 4)
-        b = _rand_bf16(rng, sb, -4, 4)
+        a = w(_rand_bf16(rng, sa, -4, 4))
+        b = w(_rand_bf16(rng, sb, -4, 4))
         if k >= 2:
             a[:, :, 1::2] = a[:, :, 0:(k // 2) * 2:2]
             nb = -b[:, 0:(k // 2) * 2:2, :]
@@ -501,15 +574,15 @@ def _kind_tiles(kind: str, rng: np.random.Generator, t: int, m: int, k: int, n: 
                               (-_exact_dot(a, b)).astype(np.float32)))
         return a, b, c.astype(np.float32)
     if kind == "big_c":
-        return _rand_bf16(rng, sa, -8, 0), _rand_bf16(rng, sb, -8, 0), _rand_f32(rng, sc, 16, 40)
+        return w(_rand_bf16(rng, sa, -8, 0)), w(_rand_bf16(rng, sb, -8, 0)), _rand_f32(rng, sc, 16, 40)
     if kind == "small_c":
-        return _rand_bf16(rng, sa, -4, 4), _rand_bf16(rng, sb, -4, 4), _rand_f32(rng, sc, -60, -30)
+        return w(_rand_bf16(rng, sa, -4, 4)), w(_rand_bf16(rng, sb, -4, 4)), _rand_f32(rng, sc, -60, -30)
     if kind == "subnormal":
-        a = _rand_bf16(rng, sa, -134, -110)
-        b = np.where(rng.random(sb) < 0.15, _rand_bf16(rng, sb, 10, 30), _rand_bf16(rng, sb, -24, 4))
-        c = np.where(rng.random(sc) < 0.7, _rand_f32(rng, sc, -149, -127), _rand_f32(rng, sc, -126, -110))
-        return a, b.astype(np.float32), c.astype(np.float32)
-    if kind == "ties":
+        a = _rand_bf16(rng, sa, -134, -124)
+        b = np.where(rng.random(sb) < 0.05, _rand_bf16(rng, sb, 0, 12), _rand_bf16(rng, sb, -12, -1))
+        c = np.where(rng.random(sc) < 0.7, _rand_f32(rng, sc, -149, -127), _signed_zeros(rng, sc))
+        return w(a), w(b), c.astype(np.float32)
+    if kind == "ties":  # small integers times 2**r: exact in every input type, not widened
         r = rng.integers(-10, 11, (t, 1, 1))
         scale = np.ldexp(1.0, r)
         a = (rng.integers(-16, 17, sa) * scale).astype(np.float32)
@@ -523,11 +596,11 @@ def _kind_tiles(kind: str, rng: np.random.Generator, t: int, m: int, k: int, n: 
         u = rng.random(sc)
         c = np.where(u < 0.4, _signed_zeros(rng, sc),
                      np.where(u < 0.7, _rand_f32(rng, sc, -149, -127), _rand_f32(rng, sc, -130, -100)))
-        return a.astype(np.float32), b.astype(np.float32), c.astype(np.float32)
+        return w(a), w(b), c.astype(np.float32)
     if kind == "overflow":
-        return _rand_bf16(rng, sa, 56, 70), _rand_bf16(rng, sb, 56, 70), _rand_f32(rng, sc, 118, 127)
+        return w(_rand_bf16(rng, sa, 52, 64)), w(_rand_bf16(rng, sb, 52, 64)), _rand_f32(rng, sc, 118, 127)
     if kind == "specials":
-        a, b, c = _kind_tiles("normal", rng, t, m, k, n)
+        a, b, c = _kind_tiles("normal", rng, t, m, k, n, input_type)
         specials = np.array([np.inf, -np.inf, np.nan], dtype=np.float32)
         for x in (a, b, c):
             hit = rng.random(x.shape) < 0.02
@@ -542,12 +615,15 @@ def tile_kinds(n: int, kinds: tuple[str, ...] = TILE_KINDS) -> list[str]:
     return [kinds[i % len(kinds)] for i in range(n)]
 
 
-def random_tiles(n: int, m: int, k: int, cols: int, seed: int = 0, kinds: tuple[str, ...] = TILE_KINDS
-                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``n`` random tiles ``a [n, m, k]``, ``b [n, k, cols]`` (float32 holding bf16 values) and ``c [n, m, cols]``
-    (float32); tile i is of kind ``kinds[i % len(kinds)]`` (see :data:`TILE_KINDS`). Deterministic in ``seed``."""
+def random_tiles(n: int, m: int, k: int, cols: int, seed: int = 0, kinds: tuple[str, ...] = TILE_KINDS,
+                 input_type: str = "bf16") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``n`` random tiles ``a [n, m, k]``, ``b [n, k, cols]`` (float32 holding ``input_type`` values: bf16, tf32 or
+    fp32) and ``c [n, m, cols]`` (float32); tile i is of kind ``kinds[i % len(kinds)]`` (see :data:`TILE_KINDS`).
+    Deterministic in ``seed``."""
     if n < 0 or min(m, k, cols) < 1:
         raise ValueError("n must be >= 0 and m, k, cols >= 1")
+    if input_type not in _LOW_BITS:
+        raise ValueError(f"input_type must be one of {sorted(_LOW_BITS)}, got {input_type!r}")
     for kind in kinds:
         if kind not in TILE_KINDS:
             raise ValueError(f"unknown tile kind {kind!r}; known: {TILE_KINDS}")
@@ -560,7 +636,7 @@ def random_tiles(n: int, m: int, k: int, cols: int, seed: int = 0, kinds: tuple[
         if idx.size == 0:
             continue
         rng = np.random.default_rng([seed, j, m, k, cols])
-        a[idx], b[idx], c[idx] = _kind_tiles(kind, rng, idx.size, m, k, cols)
+        a[idx], b[idx], c[idx] = _kind_tiles(kind, rng, idx.size, m, k, cols, input_type)
     return a, b, c
 
 
@@ -577,6 +653,7 @@ def hardware_check_tiles(n: int, seed: int = 0, m: int = 64, k: int = 64, cols: 
 # ----------------------------------------------------------------------------------------------------------------
 # mmasim (validation only; imported lazily)
 
+# name -> the gdnlab model (with the operand type, "bf16" unless "input" says otherwise) and the mmasim instruction
 MMASIM_TARGETS: dict[str, dict] = {
     "hopper_wgmma": dict(model="hopper", family="WGMMA", arch="Hopper", instruction="m64n8k16.f32.bf16.bf16",
                          shape=(64, 8, 16)),
@@ -594,6 +671,17 @@ MMASIM_TARGETS: dict[str, dict] = {
                               shape=(16, 16, 16)),
     "ideal_fma": dict(model="ideal", family="MFMA", arch="CDNA3", instruction="f32_16x16x4_f32",
                       shape=(16, 16, 4)),
+    # fp32 / tf32 operands (MMAModel.dot(..., input_type=...))
+    "fp32_fma": dict(model="ideal", input="fp32", family="MFMA", arch="CDNA3", instruction="f32_16x16x4_f32",
+                     shape=(16, 16, 4)),
+    "hopper_tf32_wgmma": dict(model="hopper", input="tf32", family="WGMMA", arch="Hopper",
+                              instruction="m64n8k8.f32.tf32.tf32", shape=(64, 8, 8)),
+    "hopper_tf32_mma": dict(model="hopper", input="tf32", family="MMA", arch="Hopper",
+                            instruction="m16n8k8.f32.tf32.tf32.f32", shape=(16, 8, 8)),
+    "ampere_tf32_mma": dict(model="ampere", input="tf32", family="MMA", arch="Ampere",
+                            instruction="m16n8k8.f32.tf32.tf32.f32", shape=(16, 8, 8)),
+    "cdna3_xf32": dict(model="cdna3", input="tf32", family="MFMA", arch="CDNA3", instruction="f32_16x16x8_xf32",
+                       shape=(16, 16, 8)),
 }
 
 
