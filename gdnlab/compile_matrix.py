@@ -461,6 +461,85 @@ def _worker_main(jin: str, jout: str, workers: int) -> int:
     return 0
 
 
+# ---- tables for the notebook (pandas) --------------------------------------------------------------------------
+
+def load_matrix(path: str | Path | None = None) -> "Any":
+    """The compile matrix as a DataFrame (BV as a nullable int)."""
+    import pandas as pd
+    df = pd.read_csv(path or MATRIX_CSV, keep_default_na=False, dtype=str)
+    return _typed(df)
+
+
+def load_releases(path: str | Path | None = None) -> "Any":
+    """The release sweep as a DataFrame."""
+    import pandas as pd
+    df = pd.read_csv(path or RELEASES_CSV, keep_default_na=False, dtype=str)
+    return _typed(df)
+
+
+def _typed(df: "Any") -> "Any":
+    import pandas as pd
+    df["BV"] = pd.to_numeric(df["BV"].replace("", None)).astype("Int64")
+    for c in ("num_warps", "num_stages"):
+        df[c] = df[c].astype(int)
+    return df
+
+
+def _cell(r: "Any") -> str:
+    if r["status"] != "ok":
+        return "ERROR: " + str(r["error"])[:90]
+    fma = f" (+{r['fma_dots']} FMA dot)" if str(r.get("fma_dots", "0")) not in ("", "0") else ""
+    return str(r["matrix_instr"]) + fma
+
+
+def instr_pivot(df: "Any", kernel: str = "fused_shipped", by: str = "target") -> "Any":
+    """`by` x BV -> what every build of `kernel` did (distinct outcomes over warps/stages, ' | '-joined)."""
+    d = df[df["kernel"] == kernel].copy()
+    d["cell"] = d.apply(_cell, axis=1)
+    return d.pivot_table(index=by, columns="BV", values="cell", aggfunc=lambda x: " | ".join(sorted(set(x))))
+
+
+def status_pivot(df: "Any") -> "Any":
+    """kernel x (target, BV) -> 'ok builds / builds'."""
+    d = df.copy()
+    d["BV"] = d["BV"].astype("string").fillna("-")
+    g = d.groupby(["kernel", "target", "BV"])["status"].agg(lambda s: f"{(s == 'ok').sum()}/{len(s)}")
+    out = g.unstack(["target", "BV"]).fillna("")
+    cols = sorted(out.columns, key=lambda c: (c[0], -1 if c[1] == "-" else int(c[1])))
+    return out[cols]
+
+
+def fma_fallbacks(df: "Any") -> "Any":
+    """Builds where a dot became an FMA loop (silently different numerics): which dots, on which target."""
+    d = df[(df["status"] == "ok") & (df["fma_dots"].astype(str).str.strip().isin(["", "0"]) == False)].copy()  # noqa
+    d["fma"] = d["dots"].map(lambda s: ";".join(x for x in s.split(";") if x.endswith(":fma")))
+    return d.groupby(["target", "kernel", "fma"])["BV"].agg(
+        lambda b: ",".join(sorted({str(x) for x in b}))).reset_index()
+
+
+def resources_pivot(df: "Any", kernel: str = "fused_shipped", num_stages: int = 2) -> "Any":
+    """(target, num_warps) x BV -> 'regs | spills | shared bytes' for one kernel."""
+    d = df[(df["kernel"] == kernel) & (df["num_stages"] == num_stages) & (df["status"] == "ok")].copy()
+    d["cell"] = d["regs"].astype(str) + " | spill " + d["spills"].astype(str) + " | smem " + d["shared"].astype(str)
+    return d.pivot_table(index=["target", "num_warps"], columns="BV", values="cell", aggfunc="first")
+
+
+def static_disagreements(df: "Any", version_col: str = "triton_version") -> "Any":
+    """Rows where the static check's prediction (gdnlab.dot_shapes.predict) differs from the recorded status."""
+    from gdnlab.dot_shapes import predict
+    d = df.copy()
+    d["predicted"] = [predict(r["target"], r[version_col], None if r["BV"] is None or str(r["BV"]) == "<NA>"
+                              else int(r["BV"]), r["kernel"], int(r["num_warps"])) for _, r in d.iterrows()]
+    return d[d["predicted"] != d["status"]]
+
+
+def report_error_rows(rel: "Any") -> "Any":
+    """Release-sweep rows whose error or diagnostic is the report's 'no matching matrix core intrinsic'."""
+    pat = "no matching matrix core intrinsic"
+    m = rel["error"].str.contains(pat, regex=False) | rel["diagnostic"].str.contains(pat, regex=False)
+    return rel[m]
+
+
 # ---- CLI ------------------------------------------------------------------------------------------------------
 
 def main(argv: list[str] | None = None) -> int:
