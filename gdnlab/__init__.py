@@ -9,8 +9,9 @@ __all__ = ["BACKENDS", "chunk_gated_delta_rule", "register_backend", "reference"
 
 def __getattr__(name: str) -> Any:
     # Loaded on first use so that `import gdnlab.reference` does not pull in Triton.
-    if name == "reference":
-        return importlib.import_module("gdnlab.reference")
     if name in ("BACKENDS", "chunk_gated_delta_rule", "register_backend"):
         return getattr(importlib.import_module("gdnlab.backends"), name)
-    raise AttributeError(f"module 'gdnlab' has no attribute {name!r}")
+    try:
+        return importlib.import_module(f"gdnlab.{name}")
+    except ModuleNotFoundError:
+        raise AttributeError(f"module 'gdnlab' has no attribute {name!r}") from None
