@@ -36,7 +36,7 @@ def test_shapes_dtypes_and_validity(regime: str) -> None:
     assert inp.g.dtype == torch.float32
     assert inp.cu_seqlens is None and inp.n_seqs == 2 and inp.seqlens == [33, 33]
     assert inp.regime == regime and inp.seed == 1 and inp.scale is None
-    p = check_inputs(**{k: v for k, v in inp.kwargs().items()})
+    p = check_inputs(**inp.kwargs())
     assert (p.N, p.HV, p.K, p.V) == (2, 6, 64, 32)
     for n, x in _tensors(inp).items():   # never degenerate
         assert torch.isfinite(x.float()).all(), n
