@@ -3,8 +3,9 @@
 :data:`CASES` mirrors the report's 23-case test: chunk-aligned and unaligned lengths, dense batches whose T is not a
 multiple of the chunk, ragged varlen batches (1-token sequences, many short sequences, trailing padding rows), both
 state dtypes, with and without initial state. All use the CuteDSL test's shapes and its q, k, v, beta, with a
-slower gate (see Case.regime): Hk = 4, Hv = 8, K = V = 128, bf16. :data:`ISOLATION` holds the report's three isolation cases. Each case is small, because CI runs
-them through the Triton CPU interpreter: :func:`total_chunks` over CASES stays under 120.
+slower gate (see Case.regime): Hk = 4, Hv = 8, K = V = 128, bf16. :data:`ISOLATION` holds the report's three
+isolation cases. Each case is small, because CI runs them through the Triton CPU interpreter: :func:`total_chunks`
+over CASES stays under 120.
 """
 from __future__ import annotations
 
