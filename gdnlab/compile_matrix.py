@@ -6,7 +6,7 @@ first line of any error, compiler diagnostics printed on stderr (even when the b
 instructions in the generated assembly (PTX for cuda, AMDGCN for hip), how each tl.dot was lowered (read from the
 TTGIR layouts: wgmma / mma / mfma / wmma / fma), registers, spills and shared memory, and the compile time.
 
-`--releases 3.2.0,3.3.1,...` builds the fused kernel (and the two-kernel path's BV kernels) for gfx1151 and gfx942
+`--releases 3.2.0,3.3.1,...` builds the shipped fused kernel and the two-kernel output kernel for gfx1151 and gfx942
 under older Triton releases, each in a throwaway venv under ~/.cache/gdnlab (never in the repo), to find which
 release reproduces the report's "no matching matrix core intrinsic for wmma version 1" failure.
 
@@ -578,8 +578,8 @@ def main(argv: list[str] | None = None) -> int:
 
     job_list = jobs(quick=a.quick)
     t0 = time.perf_counter()
+    sha = kernels_sha()  # of the sources the spawned workers import now
     rows = run_jobs(job_list, workers=a.workers, progress=not a.no_progress)
-    sha = kernels_sha()
     for r in rows:
         r["static_check"] = _static(r)
         r["kernels_sha"] = sha

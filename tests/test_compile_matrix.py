@@ -98,6 +98,14 @@ def test_frontend_minima_per_release():
     assert ds.predict("hip:gfx1151", "3.9.0", 64, "fused_shipped") == "ok"
 
 
+def test_job_list():
+    full = jobs()
+    assert len(full) == 3 * (2 * 6 + 6 * 4 * 6)  # 3 targets; 2 BV-free kernels x 6, 6 BV kernels x 4 BV x 6
+    assert {j["BV"] for j in full if j["kernel"] in ("l2norm", "prologue")} == {None}
+    quick = jobs(quick=True)
+    assert len(quick) == 12 and {j["kernel"] for j in quick} == {"fused_shipped", "fwd_o"}
+
+
 # ---- the worker's parsers --------------------------------------------------------------------------------------
 
 def test_matrix_instruction_parser():
