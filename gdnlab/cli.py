@@ -1,0 +1,55 @@
+"""The `gdnlab` command: `gdnlab reproduce ...` and `gdnlab compile-matrix ...`."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _reproduce(argv: list[str]) -> int:
+    from gdnlab.reproduce import NOTEBOOKS, reproduce
+
+    ap = argparse.ArgumentParser(
+        prog="gdnlab reproduce",
+        description="Run every notebook with papermill and write HTML reports, figures, CSV tables and index.html.",
+        epilog="Bring your own kernel: write a module that calls gdnlab.backends.register_backend('my_kernel', fn) "
+               "(fn takes chunk_gated_delta_rule's arguments) and run "
+               "`gdnlab reproduce --plugin my_module --backend my_kernel`.")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                    help="cpu: Triton interpreter (default); cuda: compiled kernels on the first GPU")
+    ap.add_argument("--backend", metavar="NAME", default=None,
+                    help="a registered backend to run as the candidate fused kernel (default: fused_shipped)")
+    ap.add_argument("--plugin", metavar="MODULE", action="append", default=[],
+                    help="import MODULE first (it registers backends); repeatable; the current directory is on "
+                         "the import path")
+    ap.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run of every notebook (CI)")
+    ap.add_argument("--out", default=None,
+                    help="output folder (default: reports/ on cpu, reports/<gpu-name>/ on cuda)")
+    ap.add_argument("--only", metavar="NAME", action="append", default=[],
+                    help=f"run only notebooks whose name contains NAME (repeatable): {[s.name for s in NOTEBOOKS]}")
+    ap.add_argument("--jobs", type=int, default=None, help="notebooks run at once (default: 2 on cpu, 1 on cuda)")
+    ap.add_argument("--kernel", default=None, help="Jupyter kernel name (default: 'gdnlab', registered if missing)")
+    ap.add_argument("--timeout", type=int, default=None, help="seconds per cell before a notebook fails")
+    ap.add_argument("--no-progress", action="store_true", help="no progress bar")
+    a = ap.parse_args(argv)
+    return reproduce(device=a.device, backend=a.backend, plugins=a.plugin, quick=a.quick, out=a.out, only=a.only,
+                     jobs=a.jobs, kernel=a.kernel, timeout=a.timeout, progress=not a.no_progress)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `gdnlab` console script."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    commands = {"reproduce": "run the notebooks and write reports/",
+                "compile-matrix": "compile every kernel for Hopper, MI300X and RDNA3.5 without the hardware"}
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in commands:
+        print("usage: gdnlab {reproduce,compile-matrix} [options]\n\n" +
+              "\n".join(f"  {c:<16}{h}" for c, h in commands.items()) +
+              "\n\n`gdnlab COMMAND --help` for the options of each.", file=sys.stderr if argv else sys.stdout)
+        return 0 if not argv or argv[0] in ("-h", "--help") else 2
+    if argv[0] == "reproduce":
+        return _reproduce(argv[1:])
+    from gdnlab import compile_matrix  # another tool, imported only when asked for
+    return int(compile_matrix.main(argv[1:]) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,169 @@
+"""Figures for the notebooks and reports (seaborn / matplotlib). Every function takes a table from
+:mod:`gdnlab.experiments` and returns a matplotlib Figure; :func:`save_figure` writes it as PNG."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+import seaborn as sns
+from matplotlib.colors import LogNorm
+from matplotlib.ticker import NullFormatter
+from matplotlib.figure import Figure
+
+from gdnlab.metrics import ulp_bf16
+
+__all__ = ["error_vs_chunks", "ratio_vs_chunks", "ratio_vs_decay", "ratio_heatmap", "bv_bars", "ablation_bars",
+           "isolation_bars", "save_figure", "show"]
+
+_ULP_LABEL = "bf16 unit roundoff $2^{-8}$"
+
+
+def _ulp_line(ax: plt.Axes) -> None:
+    ax.axhline(ulp_bf16, color="0.4", ls="--", lw=1, label=_ULP_LABEL)
+
+
+def _chunk_axis(ax: plt.Axes, ticks: list[int]) -> None:
+    ax.set_xscale("log")
+    ax.set_xticks(ticks, [str(int(t)) for t in ticks])
+    ax.xaxis.set_minor_formatter(NullFormatter())
+
+
+def _per_chunk_count(df: pd.DataFrame) -> pd.DataFrame:
+    longest = df.groupby([c for c in ("initial_state", "gate_decay", "backend", "n_chunks") if c in df],
+                         dropna=False).seq_len.transform("max")
+    return df[df.seq_len == longest]
+
+
+def error_vs_chunks(sweep: pd.DataFrame, metric: str = "max_abs_err") -> Figure:
+    """Output error vs chunk count on log axes, one line per backend, one panel per initial-state setting, with the
+    bf16 unit roundoff as a reference line."""
+    d = _per_chunk_count(sweep)
+    panels = sorted(d.initial_state.unique(), reverse=True) if "initial_state" in d else [None]
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 4), sharey=True, squeeze=False)
+    markers = "osx^Dv<>"
+    backends = list(dict.fromkeys(d.backend))
+    for ax, h0 in zip(axes[0], panels):
+        sub = d if h0 is None else d[d.initial_state == h0]
+        for i, b in enumerate(backends):  # later lines thinner and smaller, so identical lines stay visible
+            line = sub[sub.backend == b].sort_values("n_chunks")
+            ax.plot(line.n_chunks, line[metric], marker=markers[i % len(markers)], ms=max(9 - 2 * i, 3),
+                    lw=max(3 - 0.8 * i, 0.8), label=b, alpha=0.9)
+        _ulp_line(ax)
+        _chunk_axis(ax, sorted(sub.n_chunks.unique()))
+        ax.set(yscale="log", xlabel="chunks (64 tokens each)", ylabel=metric.replace("_", " "),
+               title="with initial state" if h0 else ("no initial state" if h0 is not None else ""))
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def ratio_vs_chunks(ratios: pd.DataFrame, hue: str = "gate_decay") -> Figure:
+    """Candidate/baseline error ratio vs chunk count (log x), one line per value of ``hue``."""
+    d = ratios.copy()
+    d[hue] = d[hue].map(lambda v: f"{v:.2g}" if isinstance(v, float) else str(v))
+    fig, ax = plt.subplots(figsize=(6, 4))
+    sns.lineplot(data=d, x="n_chunks", y="ratio", hue=hue, marker="o", ax=ax)
+    ax.axhline(1, color="0.4", ls="--", lw=1)
+    _chunk_axis(ax, sorted(d.n_chunks.unique()))
+    ax.set(yscale="log", xlabel="chunks", ylabel=f"{d.candidate.iloc[0]} / {d.baseline.iloc[0]} max error",
+           title="error ratio vs chunk count")
+    ax.legend(title="mean(-g)" if hue == "gate_decay" else hue, fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def ratio_vs_decay(ratios: pd.DataFrame) -> Figure:
+    """Candidate/baseline error ratio vs gate decay strength (measured mean(-g), log x), one line per chunk count."""
+    fig, ax = plt.subplots(figsize=(6, 4))
+    sns.lineplot(data=ratios, x="gate_decay", y="ratio", hue="n_chunks", marker="o", palette="viridis", ax=ax,
+                 legend="full")
+    ax.axhline(1, color="0.4", ls="--", lw=1)
+    ax.set(xscale="log", yscale="log", xlabel="gate decay strength mean(-g) per token",
+           ylabel=f"{ratios.candidate.iloc[0]} / {ratios.baseline.iloc[0]} max error",
+           title="error ratio vs gate decay")
+    ax.legend(title="chunks", fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def ratio_heatmap(ratios: pd.DataFrame) -> Figure:
+    """Heatmap of the candidate/baseline error ratio over gate decay strength (rows) and chunk count (columns)."""
+    t = ratios.pivot_table(index="gate_decay", columns="n_chunks", values="ratio")
+    t.index = [f"{v:.2g}" for v in t.index]
+    fig, ax = plt.subplots(figsize=(1.0 + 0.75 * t.shape[1], 0.9 + 0.5 * t.shape[0]))
+    vmin, vmax = max(float(np.nanmin(t.values)), 1e-3), max(float(np.nanmax(t.values)), 1.01)
+    sns.heatmap(t, annot=True, fmt=".3g", norm=LogNorm(vmin=min(vmin, 1.0), vmax=vmax), cmap="rocket_r", ax=ax,
+                cbar_kws={"label": "error ratio"})
+    ax.set(xlabel="chunks", ylabel="mean(-g)",
+           title=f"{ratios.candidate.iloc[0]} / {ratios.baseline.iloc[0]} max error")
+    fig.tight_layout()
+    return fig
+
+
+def bv_bars(bv: pd.DataFrame) -> Figure:
+    """Output max error per BV and backend (bars, log y), the report's fused numbers as black markers."""
+    d = bv[bv.status == "ok"].copy()
+    d["BV"] = d.BV.astype(int)
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    order = sorted(d.BV.unique())
+    sns.barplot(data=d, x="BV", y="max_abs_err", hue="backend", order=order, ax=ax)
+    rep = d.dropna(subset=["report_max_abs_err"]).drop_duplicates("BV")
+    if not rep.empty:
+        ax.scatter([order.index(b) for b in rep.BV], rep.report_max_abs_err, marker="_", s=600, color="k",
+                   zorder=5, label="report (fused)")
+    _ulp_line(ax)
+    ax.set(yscale="log", ylabel="max abs err", title=f"output error vs BV (seq_len {int(d.seq_len.iloc[0])})")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def ablation_bars(abl: pd.DataFrame) -> Figure:
+    """Output max error of each ablation variant (and the baseline) per seq_len, bars on a log axis."""
+    fig, ax = plt.subplots(figsize=(8, 4.2))
+    d = abl.copy()
+    d["seq_len"] = d.seq_len.astype(int)
+    sns.barplot(data=d, x="seq_len", y="max_abs_err", hue="variant", ax=ax)
+    _ulp_line(ax)
+    ax.set(yscale="log", xlabel="seq_len", ylabel="max abs err", title="fused kernel switches: output error")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.tight_layout()
+    return fig
+
+
+def isolation_bars(iso: pd.DataFrame) -> Figure:
+    """Output max error per isolation case and backend (symlog y, so an exact 0 shows as no bar)."""
+    fig, ax = plt.subplots(figsize=(7, 4))
+    sns.barplot(data=iso, x="case", y="max_abs_err", hue="backend", ax=ax)
+    _ulp_line(ax)
+    finite = iso.max_abs_err[iso.max_abs_err > 0]
+    ax.set_yscale("symlog", linthresh=float(finite.min()) / 2 if not finite.empty else 1e-6)
+    ax.set(xlabel="", ylabel="max abs err", title="isolation: output error")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def show(fig: Figure, out_dir: str | Path | None = None, name: str | None = None) -> None:
+    """Save ``fig`` (when ``out_dir`` and ``name`` are given), display it once, and close it."""
+    if out_dir is not None and name is not None:
+        save_figure(fig, out_dir, name)
+    from IPython.display import display
+    display(fig)
+    plt.close(fig)
+
+
+def save_figure(fig: Figure, out_dir: str | Path | None, name: str, dpi: int = 110) -> Path | None:
+    """Write ``fig`` to ``out_dir/figures/<name>.png`` (nothing when ``out_dir`` is None); returns the path."""
+    if out_dir is None:
+        return None
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
+        raise ValueError(f"name: must be a plain file name, got {name!r}")
+    path = Path(out_dir) / "figures" / f"{name}.png"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=dpi, bbox_inches="tight")
+    return path
+
