@@ -79,6 +79,9 @@ def prologue_kernel(k_ptr, v_ptr, g_ptr, beta_ptr, gcum_ptr, w_ptr, u_ptr, cu_pt
         store_rows(u_ptr + i_hv * V, rows, mrow, HV * V, v0, tl.dot(t, vb), 64, V)
 
 
+_PLANS: dict = {}
+
+
 @dataclass
 class ChunkPlan:
     """Where every sequence and chunk of a (flattened) batch lies: sequences as cu_seqlens, chunks as (seq, idx)."""
@@ -90,6 +93,17 @@ class ChunkPlan:
 
     @classmethod
     def build(cls, bounds: list[tuple[int, int]], device: torch.device) -> "ChunkPlan":
+        """The plan for these sequence bounds, cached so that a repeated call (or a CUDA graph capture) makes no
+        host-to-device copy."""
+        key = (tuple(bounds), str(torch.device(device)))
+        if key not in _PLANS:
+            if len(_PLANS) >= 256:
+                _PLANS.pop(next(iter(_PLANS)))
+            _PLANS[key] = cls._build(bounds, device)
+        return _PLANS[key]
+
+    @classmethod
+    def _build(cls, bounds: list[tuple[int, int]], device: torch.device) -> "ChunkPlan":
         pairs, offsets = [], [0]
         for n, (bos, eos) in enumerate(bounds):
             nt = -(-(eos - bos) // BT)

@@ -1,0 +1,314 @@
+"""One device call on a CUDA GPU: check, compare and time every backend; write CSV/JSON under --out.
+
+    python3 benchmarks/h200.py --out $OUT [--parts env,conformance,mma,bench,breakdown]
+
+Each part records its own failures instead of stopping the run, so one call yields everything it can. Results are
+committed under reports/h200/ with the device, driver, torch and Triton versions and the date (env.json).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import itertools
+import json
+import os
+import subprocess
+import sys
+import time
+import traceback
+
+import numpy as np
+import pandas as pd
+import torch
+import triton
+import triton.language as tl
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+import gdnlab  # noqa: E402
+from gdnlab.cases import CASES, ISOLATION  # noqa: E402
+from gdnlab.inputs import make_inputs  # noqa: E402
+from gdnlab.kernels import ChunkPlan, alloc, fused, run_prologue, two_kernel  # noqa: E402
+from gdnlab.metrics import CUTEDSL_OUTPUT, CUTEDSL_STATE, errors, valid_rows  # noqa: E402
+from gdnlab.reference import recurrent_gated_delta_rule_ref  # noqa: E402
+
+DEV = "cuda"
+TRITON_BACKENDS = ("two_kernel", "fused_shipped", "fused_fixed")
+
+
+def log(*a):
+    print(f"[{time.strftime('%H:%M:%S')}]", *a, flush=True)
+
+
+def env_info() -> dict:
+    smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,clocks.max.sm,memory.total",
+                          "--format=csv,noheader"], capture_output=True, text=True).stdout.strip()
+    try:
+        import fla
+        fla_version = getattr(fla, "__version__", "?")
+    except Exception as e:  # noqa: BLE001
+        fla_version = f"unavailable: {e!r}"
+    p = torch.cuda.get_device_properties(0)
+    return dict(device=torch.cuda.get_device_name(0), nvidia_smi=smi, sms=p.multi_processor_count,
+                torch=torch.__version__, triton=triton.__version__, cuda=torch.version.cuda, fla=fla_version,
+                python=sys.version.split()[0], date=datetime.datetime.now(datetime.timezone.utc).isoformat(),
+                backends=list(gdnlab.BACKENDS))
+
+
+# ---- conformance on real tensor cores --------------------------------------------------------------------------
+
+def conformance(env: dict) -> pd.DataFrame:
+    rows = []
+    backends = [b for b in gdnlab.BACKENDS if b != "reference"]
+    for case in CASES + ISOLATION:
+        inp = case.inputs(DEV)
+        kw = inp.kwargs()
+        ro, rh = recurrent_gated_delta_rule_ref(**kw)
+        mask = valid_rows(inp.cu_seqlens, inp.q.shape[1]).to(DEV)
+        sdt = inp.initial_state.dtype if inp.initial_state is not None else torch.float32
+        outs = {}
+        for be in backends:
+            try:
+                extra = dict(poison=True) if be in TRITON_BACKENDS else {}
+                o, ht = gdnlab.chunk_gated_delta_rule(**kw, backend=be, **extra)
+                torch.cuda.synchronize()
+                outs[be] = (o, ht)
+                ok_o, eo = CUTEDSL_OUTPUT.check(o[:, mask], ro[:, mask])
+                ok_s, es = CUTEDSL_STATE.check(ht.to(sdt), rh.to(sdt))
+                row = dict(case=case.name, backend=be, out_max_abs=eo["max_abs"], out_mean_abs=eo["mean_abs"],
+                           out_rel_rms=eo["rel_rms"], state_max_abs=es["max_abs"], state_mean_abs=es["mean_abs"],
+                           out_ok=ok_o, state_ok=ok_s, all_written=bool(torch.isfinite(o).all()),
+                           padding_zero=bool((o[:, ~mask] == 0).all()), error="")
+            except Exception as e:  # noqa: BLE001
+                row = dict(case=case.name, backend=be, error=repr(e)[:300])
+            rows.append(row)
+        if "two_kernel" in outs:
+            o2, h2 = outs["two_kernel"]
+            for r in rows[-len(backends):]:
+                if r["backend"] in outs:
+                    o, h = outs[r["backend"]]
+                    r["out_bit_equal_two_kernel"] = bool(torch.equal(o, o2))
+                    r["state_bit_equal_two_kernel"] = bool(torch.equal(h, h2))
+                    r["out_maxdiff_two_kernel"] = float((o.float() - o2.float()).abs().max())
+        log("conformance", case.name)
+    df = pd.DataFrame(rows)
+    for k in ("device", "torch", "triton", "date"):
+        df[k] = env[k]
+    return df
+
+
+# ---- the Hopper accumulation model against the tensor cores -------------------------------------------------------
+
+@triton.jit
+def _tile_dot(a_ptr, b_ptr, c_ptr, d_ptr, M: tl.constexpr, K: tl.constexpr, N: tl.constexpr):
+    i = tl.program_id(0)
+    rm, rk, rn = tl.arange(0, M), tl.arange(0, K), tl.arange(0, N)
+    a = tl.load(a_ptr + i * M * K + rm[:, None] * K + rk[None, :])
+    b = tl.load(b_ptr + i * K * N + rk[:, None] * N + rn[None, :])
+    c = tl.load(c_ptr + i * M * N + rm[:, None] * N + rn[None, :])
+    tl.store(d_ptr + i * M * N + rm[:, None] * N + rn[None, :], tl.dot(a, b, c))
+
+
+def mma_hardware(env: dict, n: int = 2000) -> pd.DataFrame:
+    from gdnlab import mma
+    rows = []
+    for m, k, cols, warps in [(64, 64, 64, 4), (16, 16, 16, 1), (64, 16, 8, 4)]:
+        a, b, c = mma.hardware_check_tiles(n, seed=m + k + cols, m=m, k=k, cols=cols)
+        at = torch.from_numpy(a).to(DEV).to(torch.bfloat16)
+        assert torch.equal(at.float().cpu(), torch.from_numpy(a)), "tiles must hold bf16 values"
+        bt = torch.from_numpy(b).to(DEV).to(torch.bfloat16)
+        ct = torch.from_numpy(c).to(DEV)
+        d = torch.full_like(ct, float("nan"))
+        kern = _tile_dot[(n,)](at, bt, ct, d, M=m, K=k, N=cols, num_warps=warps)
+        ptx = kern.asm.get("ptx", "")
+        instr = "wgmma" if "wgmma" in ptx else ("mma.sync" if "mma.sync" in ptx else "none")
+        dh = d.cpu().numpy()
+        kinds = mma.tile_kinds(n, mma.HARDWARE_KINDS)
+        for name in ("hopper", "ideal", "ampere"):
+            want = mma.get_model(name).dot(a, b, c)
+            per_tile = np.array([mma.bit_exact_fraction(dh[i], want[i]) for i in range(n)])
+            rows.append(dict(model=name, shape=f"{m}x{k}x{cols}", instruction=instr, cases=n * m * cols, tiles=n,
+                             bit_exact_fraction=float(per_tile.mean()),
+                             tiles_all_exact=float((per_tile == 1).mean())))
+            for kind in sorted(set(kinds)):
+                sel = np.array([x == kind for x in kinds])
+                rows.append(dict(model=name, shape=f"{m}x{k}x{cols}", instruction=instr, kind=kind,
+                                 cases=int(sel.sum()) * m * cols, tiles=int(sel.sum()),
+                                 bit_exact_fraction=float(per_tile[sel].mean())))
+        log("mma", m, k, cols, instr)
+    df = pd.DataFrame(rows)
+    for key in ("device", "torch", "triton", "date"):
+        df[key] = env[key]
+    return df
+
+
+# ---- speed ---------------------------------------------------------------------------------------------------
+
+QWEN = dict(H=16, HV=32, K=128, V=128)
+SHAPES = [(1, 512), (1, 1024), (1, 2048), (1, 4096), (1, 8192), (1, 32768), (1, 65536), (8, 2048), ("varlen", None)]
+VARLEN = [3000, 17, 512, 1, 4096, 700, 64, 129, 2048, 333]
+
+
+def copy_bandwidth() -> float:
+    x = torch.empty(2 * 1024 ** 3 // 2, dtype=torch.bfloat16, device=DEV).normal_()
+    y = torch.empty_like(x)
+    ms = triton.testing.do_bench(lambda: y.copy_(x), warmup=50, rep=200, return_mode="median")
+    return 2 * x.numel() * 2 / (ms * 1e-3)  # bytes read + written per second
+
+
+def _inputs(B, T, seed):
+    if B == "varlen":
+        return make_inputs(seqlens=VARLEN, seed=seed, device=DEV, **QWEN)
+    return make_inputs(B=B, T=T, seed=seed, device=DEV, **QWEN)
+
+
+def floor_bytes(inp) -> int:
+    q = inp.q
+    toks = q.shape[0] * q.shape[1]
+    H, K, HV, V = q.shape[2], q.shape[3], inp.v.shape[2], inp.v.shape[3]
+    n = inp.n_seqs if hasattr(inp, "n_seqs") else q.shape[0]
+    return toks * (2 * H * K * 2 + HV * V * 2 + HV * 4 + HV * 2 + HV * V * 2) + 2 * n * HV * K * V * 4
+
+
+def _sets(B, T, set_bytes_target=512 * 1024 ** 2):
+    one = _inputs(B, T, 0)
+    size = sum(x.numel() * x.element_size() for x in (one.q, one.k, one.v, one.g, one.beta))
+    n = int(min(8, max(2, -(-set_bytes_target // max(size, 1)))))
+    return [one] + [_inputs(B, T, s) for s in range(1, n)]
+
+
+def time_backend(be, sets, **opts) -> tuple[float, float]:
+    calls = [lambda kw=s.kwargs(): gdnlab.chunk_gated_delta_rule(**kw, backend=be, **opts) for s in sets]
+    it = itertools.cycle(calls)
+    eager = triton.testing.do_bench(lambda: next(it)(), warmup=25, rep=100, return_mode="median")
+    graph = float("nan")
+    try:
+        graphs = []
+        for c in calls:
+            c()
+            torch.cuda.synchronize()
+            gr = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(gr):
+                c()
+            graphs.append(gr)
+        git = itertools.cycle(graphs)
+        graph = triton.testing.do_bench(lambda: next(git).replay(), warmup=25, rep=100, return_mode="median")
+    except Exception as e:  # noqa: BLE001
+        log("graph capture failed", be, repr(e)[:200])
+    return eager, graph
+
+
+def bench(env: dict, bw: float, backends) -> pd.DataFrame:
+    rows = []
+    for B, T in SHAPES:
+        sets = _sets(B, T)
+        tokens = sum(VARLEN) if B == "varlen" else B * T
+        floor_ms = floor_bytes(sets[0]) / bw * 1e3
+        for be in backends:
+            try:
+                ms, gms = time_backend(be, sets)
+                rows.append(dict(backend=be, B=B, T=T if T else tokens, tokens=tokens, ms=ms, graph_ms=gms,
+                                 tokens_per_s=tokens / (min(ms, gms if gms == gms else ms) * 1e-3),
+                                 floor_ms=floor_ms, error=""))
+            except Exception as e:  # noqa: BLE001
+                rows.append(dict(backend=be, B=B, T=T, tokens=tokens, error=repr(e)[:300]))
+            log("bench", be, B, T, rows[-1].get("ms"), rows[-1].get("graph_ms"))
+        del sets
+        torch.cuda.empty_cache()
+    df = pd.DataFrame(rows)
+    df["copy_bw_GBps"] = bw / 1e9
+    for key in ("device", "torch", "triton", "date"):
+        df[key] = env[key]
+    return df
+
+
+def breakdown(env: dict, ok_configs: set | None = None) -> pd.DataFrame:
+    """Kernel-level times: prologue, two-kernel, fused per BV/warps; per-chunk cost and programs vs SMs. Only the
+    (path, BV, num_warps) configs in ok_configs (those the crash-isolated probe ran correctly) are timed."""
+    rows = []
+    sms = env["sms"]
+    allowed = lambda path, bv, nw: ok_configs is None or (path, bv, nw) in ok_configs
+    for T in (8192, 32768):
+        inp = _inputs(1, T, 0)
+        tok = T
+        H, HV, K, V = QWEN["H"], QWEN["HV"], QWEN["K"], QWEN["V"]
+        q, k, v = inp.q.reshape(tok, H, K), inp.k.reshape(tok, H, K), inp.v.reshape(tok, HV, V)
+        g, beta = inp.g.reshape(tok, HV), inp.beta.reshape(tok, HV)
+        h0 = inp.initial_state
+        plan = ChunkPlan.build([(0, T)], q.device)
+        pro = run_prologue(q, k, v, g, beta, plan, True)
+        o = alloc((tok, HV, V), q.dtype, q.device, False)
+        ht = alloc((1, HV, K, V), torch.float32, q.device, False)
+        nt = plan.n_chunks
+        t = triton.testing.do_bench(lambda: run_prologue(q, k, v, g, beta, plan, True), return_mode="median")
+        rows.append(dict(T=T, stage="prologue (l2norm x2 + cumsum/kkt/solve/wy)", ms=t, programs=nt * HV))
+        for bv in (32, 64):
+            for nw in (4, 8):
+                if not allowed("two_kernel", bv, nw):
+                    continue
+                t = triton.testing.do_bench(lambda: two_kernel(pro, v, o, plan, h0, ht, 0.1, False, BV=bv,
+                                                               num_warps=nw), return_mode="median")
+                rows.append(dict(T=T, stage="two_kernel (fwd_h + fwd_o)", BV=bv, num_warps=nw, ms=t,
+                                 programs=(V // bv) * HV))
+        for bv in (16, 32, 64):
+            for nw in (4, 8):
+                if not allowed("fused", bv, nw):
+                    continue
+                for intra in (False, True):
+                    t = triton.testing.do_bench(lambda: fused(pro, v, o, plan, h0, ht, 0.1, False, BV=bv,
+                                                              num_warps=nw, intra_vnew=intra), return_mode="median")
+                    rows.append(dict(T=T, stage="fused_fixed" if intra else "fused_shipped", BV=bv, num_warps=nw,
+                                     ms=t, programs=(V // bv) * HV, us_per_chunk=t * 1e3 / nt))
+        log("breakdown", T)
+    df = pd.DataFrame(rows)
+    df["sms"] = sms
+    df["programs_per_sm"] = df["programs"] / sms
+    for key in ("device", "torch", "triton", "date"):
+        df[key] = env[key]
+    return df
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--parts", default="env,conformance,mma,bench,breakdown")
+    ap.add_argument("--backends", default="", help="comma list for bench (default: all but reference)")
+    ap.add_argument("--probe", default="", help="probe CSV: path,BV,num_warps,status,... (breakdown times ok ones)")
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    parts = args.parts.split(",")
+    env = env_info()
+    log(json.dumps(env))
+    with open(os.path.join(args.out, "env.json"), "w") as f:
+        json.dump(env, f, indent=1)
+    torch.manual_seed(0)
+    ok = None
+    if args.probe and os.path.exists(args.probe):
+        pr = pd.read_csv(args.probe, header=None, names=["path", "BV", "num_warps", "status", "o_eq", "h_eq", "d"])
+        ok = {(r.path, int(r.BV), int(r.num_warps)) for r in pr.itertuples() if r.status == "ok"}
+    jobs = dict(conformance=lambda: conformance(env), mma=lambda: mma_hardware(env),
+                breakdown=lambda: breakdown(env, ok))
+    if "bench" in parts:
+        bw = copy_bandwidth()
+        log("copy bandwidth GB/s", bw / 1e9)
+        backends = args.backends.split(",") if args.backends else [b for b in gdnlab.BACKENDS if b != "reference"]
+        jobs["bench"] = lambda: bench(env, bw, backends)
+    status = 0
+    for part in parts:
+        if part not in jobs:
+            continue
+        t0 = time.time()
+        try:
+            df = jobs[part]()
+            name = {"mma": "mma_model_vs_hardware"}.get(part, part)
+            df.to_csv(os.path.join(args.out, f"{name}.csv"), index=False)
+            log(part, f"done in {time.time() - t0:.0f}s")
+            print(df.to_string(max_rows=60, max_colwidth=40), flush=True)
+        except Exception:  # noqa: BLE001
+            status = 1
+            log(part, "FAILED")
+            traceback.print_exc()
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
