@@ -1,0 +1,157 @@
+"""The Triton kernels on CPU (interpreter + numerics layer): conformance against the float64 reference, the
+report's isolation signature, bit-equality of the fixed fused kernel with the two-kernel path, full writes, NaN."""
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+import gdnlab
+from gdnlab.cases import CASES, CASES_BY_NAME, ISOLATION, Case
+from gdnlab.metrics import CUTEDSL_OUTPUT, CUTEDSL_STATE, errors, valid_rows
+from gdnlab.reference import recurrent_gated_delta_rule_ref
+
+KERNELS = ("two_kernel", "fused_fixed", "fused_shipped")
+
+
+@functools.lru_cache(maxsize=None)
+def reference(name: str):
+    inp = CASES_BY_NAME[name].inputs()
+    return recurrent_gated_delta_rule_ref(**inp.kwargs())
+
+
+@functools.lru_cache(maxsize=None)
+def run(name: str, backend: str):
+    """A case on a backend, outputs poisoned with NaN beforehand; checks inputs are left untouched."""
+    inp = CASES_BY_NAME[name].inputs()
+    kw = inp.kwargs()
+    before = {k: v.clone() for k, v in kw.items() if isinstance(v, torch.Tensor)}
+    o, ht = gdnlab.chunk_gated_delta_rule(**kw, backend=backend, poison=True)
+    for k, v in before.items():
+        assert torch.equal(kw[k], v), f"{backend} modified its input {k}"
+    return o, ht
+
+
+def spared(case: Case) -> bool:
+    """The shipped defect (A.U instead of A.V_new) is invisible iff no chunk sees a non-zero incoming state."""
+    return not case.initial_state and all(n <= 64 for n in case.lengths)
+
+
+def check_budgets(case: Case, o, ht):
+    ro, rh = reference(case.name)
+    inp = case.inputs()
+    assert torch.isfinite(o).all() and torch.isfinite(ht).all(), "an output element was never written"
+    rows = valid_rows(inp.cu_seqlens, o.shape[1])
+    assert (o[:, ~rows] == 0).all(), "padding rows must stay zero"
+    ok_o, eo = CUTEDSL_OUTPUT.check(o[:, rows], ro[:, rows])
+    ok_s, es = CUTEDSL_STATE.check(ht.to(inp.initial_state.dtype if inp.initial_state is not None else ht.dtype),
+                                   rh.to(inp.initial_state.dtype if inp.initial_state is not None else rh.dtype))
+    assert ok_o, f"output {eo} over budget {CUTEDSL_OUTPUT}"
+    assert ok_s, f"final state {es} over budget {CUTEDSL_STATE}"
+
+
+def _cases(marks_for=None):
+    return [pytest.param(c, id=c.name, marks=[pytest.mark.xdist_group(c.name)] + (marks_for(c) if marks_for else []))
+            for c in CASES]
+
+
+@pytest.mark.parametrize("backend", ["two_kernel", "fused_fixed"])
+@pytest.mark.parametrize("case", _cases())
+def test_conformance(case, backend):
+    check_budgets(case, *run(case.name, backend))
+
+
+#: Cases the defect reaches but too lightly to cross a budget: in t65_bf16_noh0 only the 65th token sees carried
+#: state (its max error 1.7e-3 is under 2e-3, and one row in 65 leaves the mean at 3e-5 on the H200 as on the CPU).
+UNDER_BUDGET_ANYWAY = {"t65_bf16_noh0"}
+
+
+def _shipped_marks(case):
+    if spared(case) or case.name in UNDER_BUDGET_ANYWAY:
+        return []
+    return [pytest.mark.xfail(strict=True, raises=AssertionError,
+                              reason="the shipped intra-chunk term uses U where the state is non-zero")]
+
+
+@pytest.mark.parametrize("case", _cases(_shipped_marks))
+def test_shipped_fails_exactly_where_the_defect_bites(case):
+    check_budgets(case, *run(case.name, "fused_shipped"))
+
+
+@pytest.mark.parametrize("case", _cases())
+def test_shipped_differs_exactly_where_state_is_carried(case):
+    """Budgets aside: the shipped output equals the two-kernel output iff no chunk sees a non-zero state."""
+    same = torch.equal(run(case.name, "fused_shipped")[0], run(case.name, "two_kernel")[0])
+    assert same == spared(case)
+
+
+@pytest.mark.parametrize("case", _cases())
+def test_fixed_is_bit_equal_to_two_kernel_and_shipped_state_too(case):
+    o2, h2 = run(case.name, "two_kernel")
+    of, hf = run(case.name, "fused_fixed")
+    _, hs = run(case.name, "fused_shipped")
+    assert torch.equal(of, o2)
+    assert torch.equal(hf, h2)
+    assert torch.equal(hs, h2)
+
+
+@pytest.mark.xdist_group("isolation")
+def test_isolation_signature():
+    """The report's case table: exact for 1 chunk without h0; far beyond rounding with h0 or a second chunk."""
+    spare, h0, two = ISOLATION
+    o2, h2 = run(spare.name, "two_kernel")
+    os_, hs = run(spare.name, "fused_shipped")
+    assert torch.equal(os_, o2) and torch.equal(hs, h2)
+    for case in (h0, two):
+        ro, _ = reference(case.name)
+        e_two = errors(run(case.name, "two_kernel")[0], ro)["max_abs"]
+        e_shipped = errors(run(case.name, "fused_shipped")[0], ro)["max_abs"]
+        assert torch.equal(run(case.name, "fused_shipped")[1], run(case.name, "two_kernel")[1])
+        assert e_shipped > 4 * e_two, (case.name, e_shipped, e_two)
+
+
+@pytest.mark.parametrize("backend", KERNELS + ("reference",))
+@pytest.mark.parametrize("where", ["q", "v"])
+def test_nan_in_input_reaches_output(backend, where):
+    inp = gdnlab.inputs.make_inputs(B=1, T=70, H=2, HV=2, K=64, V=64, seed=31)
+    kw = inp.kwargs()
+    kw[where] = kw[where].clone()
+    kw[where][0, 5, 0, 3] = float("nan")
+    o, ht = gdnlab.chunk_gated_delta_rule(**kw, backend=backend)
+    assert o[0, 5, 0].isnan().any(), "NaN at token 5 must show in that token's output"
+    if where == "v":
+        assert ht[0, 0].isnan().any(), "NaN in v must reach the final state"
+
+
+@pytest.mark.parametrize("backend", KERNELS)
+@pytest.mark.parametrize("K,V,BV", [(64, 64, 16), (192, 64, 32), (256, 32, 8), (80, 48, 16)])
+def test_other_head_dims_and_tiles(backend, K, V, BV):
+    """K up to 256 in 64-wide tiles (and K, V not multiples of 64), every BV."""
+    inp = gdnlab.inputs.make_inputs(B=1, T=130, H=1, HV=2, K=K, V=V, seed=K + V)
+    kw = inp.kwargs()
+    ro, rh = recurrent_gated_delta_rule_ref(**kw)
+    o, ht = gdnlab.chunk_gated_delta_rule(**kw, backend=backend, BV=BV, poison=True)
+    assert torch.isfinite(o).all() and torch.isfinite(ht).all()
+    if backend != "fused_shipped":
+        assert errors(o, ro)["max_abs"] < CUTEDSL_OUTPUT.max_abs
+    assert errors(ht, rh)["max_abs"] < CUTEDSL_STATE.max_abs
+
+
+def test_state_v_first_and_gva_through_kernels():
+    inp = gdnlab.inputs.make_inputs(B=1, T=65, H=1, HV=4, K=64, V=64, seed=5)
+    kw = inp.kwargs()
+    o1, h1 = gdnlab.chunk_gated_delta_rule(**kw, backend="fused_fixed")
+    kw["initial_state"] = kw["initial_state"].transpose(-1, -2).contiguous()
+    o2, h2 = gdnlab.chunk_gated_delta_rule(**kw, backend="fused_fixed", state_v_first=True)
+    assert torch.equal(o1, o2) and torch.equal(h1, h2.transpose(-1, -2))
+
+
+def test_unknown_option_and_bad_bv_are_refused():
+    kw = gdnlab.inputs.make_inputs(B=1, T=8, H=1, HV=1, K=16, V=16, seed=1).kwargs()
+    with pytest.raises(TypeError, match="options"):
+        gdnlab.chunk_gated_delta_rule(**kw, backend="two_kernel", downcast=False)
+    with pytest.raises(ValueError, match="BV"):
+        gdnlab.chunk_gated_delta_rule(**kw, backend="fused_fixed", BV=12)
+    with pytest.raises(ValueError, match="backend"):
+        gdnlab.chunk_gated_delta_rule(**kw, backend="nope")
