@@ -15,11 +15,23 @@ import triton.language as tl
 
 from gdnlab.interp import launch
 from gdnlab.kernels.prologue import BT, ChunkPlan, Prologue
-from gdnlab.kernels.tiles import (absorb, chunk_output, gated_delta, inter_and_scores, load_rows, load_state,
+from gdnlab.kernels.tiles import (absorb_all, chunk_output, gated_delta, inter_and_scores, load_rows, load_state,
                                   store_rows, store_state, w_times_h)
 
 SHIPPED = dict(DOWNCAST=True, INTRA_VNEW=False)
 FIXED = dict(DOWNCAST=True, INTRA_VNEW=True)
+
+
+@triton.jit
+def _tile_terms(qh, kh, wh, rows, mrow, sqk, sw, k0, s, K: tl.constexpr, DOWNCAST: tl.constexpr):
+    """One K tile's share of a chunk from the V-first state tile s: Q.h, Q.K^T and W.h. h is the bf16, K-first
+    copy of the state that the two-kernel path stores; Q.h takes the fp32 state instead when DOWNCAST is off."""
+    hb = tl.trans(s).to(tl.bfloat16)
+    if DOWNCAST:
+        o, sc = inter_and_scores(qh, kh, rows, mrow, sqk, k0, hb, K)
+    else:
+        o, sc = inter_and_scores(qh, kh, rows, mrow, sqk, k0, tl.trans(s), K)
+    return o, sc, w_times_h(wh, rows, mrow, sw, k0, hb, K)
 
 
 @triton.jit
@@ -54,37 +66,16 @@ def fused_kernel(q_ptr, k_ptr, u_ptr, w_ptr, gcum_ptr, o_ptr, h0_ptr, ht_ptr, cu
         mrow = rows < eos
         g_cum = tl.load(gcum_ptr + rows * HV + i_hv, mask=mrow, other=0.0)
         g_last = tl.load(gcum_ptr + (tl.minimum(bos + c * BT + BT, eos) - 1) * HV + i_hv)
-        # The bf16, K-first copy of the state: what the two-kernel path stores to memory as h.
-        hb = tl.trans(s0).to(tl.bfloat16)
-        if DOWNCAST:
-            o_acc, sc = inter_and_scores(qh, kh, rows, mrow, H * K, 0, hb, K)
-        else:
-            o_acc, sc = inter_and_scores(qh, kh, rows, mrow, H * K, 0, tl.trans(s0), K)
-        vw = w_times_h(wh, rows, mrow, HV * K, 0, hb, K)
+        o_acc, sc, vw = _tile_terms(qh, kh, wh, rows, mrow, H * K, HV * K, 0, s0, K, DOWNCAST)
         if K > 64:
-            hb = tl.trans(s1).to(tl.bfloat16)
-            if DOWNCAST:
-                oi, si = inter_and_scores(qh, kh, rows, mrow, H * K, 64, hb, K)
-            else:
-                oi, si = inter_and_scores(qh, kh, rows, mrow, H * K, 64, tl.trans(s1), K)
-            o_acc, sc = o_acc + oi, sc + si
-            vw = vw + w_times_h(wh, rows, mrow, HV * K, 64, hb, K)
+            oi, si, wi = _tile_terms(qh, kh, wh, rows, mrow, H * K, HV * K, 64, s1, K, DOWNCAST)
+            o_acc, sc, vw = o_acc + oi, sc + si, vw + wi
         if K > 128:
-            hb = tl.trans(s2).to(tl.bfloat16)
-            if DOWNCAST:
-                oi, si = inter_and_scores(qh, kh, rows, mrow, H * K, 128, hb, K)
-            else:
-                oi, si = inter_and_scores(qh, kh, rows, mrow, H * K, 128, tl.trans(s2), K)
-            o_acc, sc = o_acc + oi, sc + si
-            vw = vw + w_times_h(wh, rows, mrow, HV * K, 128, hb, K)
+            oi, si, wi = _tile_terms(qh, kh, wh, rows, mrow, H * K, HV * K, 128, s2, K, DOWNCAST)
+            o_acc, sc, vw = o_acc + oi, sc + si, vw + wi
         if K > 192:
-            hb = tl.trans(s3).to(tl.bfloat16)
-            if DOWNCAST:
-                oi, si = inter_and_scores(qh, kh, rows, mrow, H * K, 192, hb, K)
-            else:
-                oi, si = inter_and_scores(qh, kh, rows, mrow, H * K, 192, tl.trans(s3), K)
-            o_acc, sc = o_acc + oi, sc + si
-            vw = vw + w_times_h(wh, rows, mrow, HV * K, 192, hb, K)
+            oi, si, wi = _tile_terms(qh, kh, wh, rows, mrow, H * K, HV * K, 192, s3, K, DOWNCAST)
+            o_acc, sc, vw = o_acc + oi, sc + si, vw + wi
         u_t = load_rows(uh, rows, mrow, HV * V, v0, BV, V)
         v_new = u_t.to(tl.float32) - vw
         if INTRA_VNEW:
@@ -93,14 +84,7 @@ def fused_kernel(q_ptr, k_ptr, u_ptr, w_ptr, gcum_ptr, o_ptr, h0_ptr, ht_ptr, cu
             out = chunk_output(o_acc, sc, g_cum, rows, mrow, u_t, scale)
         store_rows(o_ptr + i_hv * V, rows, mrow, HV * V, v0, out, BV, V)
         vg = gated_delta(v_new, g_cum, g_last, mrow)
-        eg = tl.exp(g_last)
-        s0 = absorb(s0, kh, rows, mrow, H * K, 0, vg, eg, K, True)
-        if K > 64:
-            s1 = absorb(s1, kh, rows, mrow, H * K, 64, vg, eg, K, True)
-        if K > 128:
-            s2 = absorb(s2, kh, rows, mrow, H * K, 128, vg, eg, K, True)
-        if K > 192:
-            s3 = absorb(s3, kh, rows, mrow, H * K, 192, vg, eg, K, True)
+        s0, s1, s2, s3 = absorb_all(s0, s1, s2, s3, kh, rows, mrow, H * K, vg, tl.exp(g_last), K, True)
     if STORE_HT:
         sb = ht_ptr + (i_n * HV + i_hv) * K * V
         store_state(sb, 0, v0, tl.trans(s0), K, V, BV, STATE_V_FIRST)

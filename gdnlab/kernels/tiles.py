@@ -88,3 +88,16 @@ def absorb(s, k_ptr, rows, mrow, sqk, k0, vg, eg, K: tl.constexpr, V_FIRST: tl.c
         return s * eg + tl.dot(tl.trans(vg), k)
     else:
         return s * eg + tl.dot(tl.trans(k), vg)
+
+
+@triton.jit
+def absorb_all(s0, s1, s2, s3, k_ptr, rows, mrow, sqk, vg, eg, K: tl.constexpr, V_FIRST: tl.constexpr):
+    """absorb() on every 64-wide K tile of the state (tiles past K stay as they are)."""
+    s0 = absorb(s0, k_ptr, rows, mrow, sqk, 0, vg, eg, K, V_FIRST)
+    if K > 64:
+        s1 = absorb(s1, k_ptr, rows, mrow, sqk, 64, vg, eg, K, V_FIRST)
+    if K > 128:
+        s2 = absorb(s2, k_ptr, rows, mrow, sqk, 128, vg, eg, K, V_FIRST)
+    if K > 192:
+        s3 = absorb(s3, k_ptr, rows, mrow, sqk, 192, vg, eg, K, V_FIRST)
+    return s0, s1, s2, s3

@@ -8,7 +8,7 @@ import triton.language as tl
 
 from gdnlab.interp import launch
 from gdnlab.kernels.prologue import BT, ChunkPlan, Prologue, alloc
-from gdnlab.kernels.tiles import (absorb, gated_delta, chunk_output, inter_and_scores, load_rows, load_state,
+from gdnlab.kernels.tiles import (absorb_all, gated_delta, chunk_output, inter_and_scores, load_rows, load_state,
                                   store_rows, store_state, w_times_h)
 
 
@@ -59,14 +59,7 @@ def fwd_h_kernel(k_ptr, u_ptr, w_ptr, gcum_ptr, h_ptr, vnew_ptr, h0_ptr, ht_ptr,
         v_new = load_rows(uh, rows, mrow, HV * V, v0, BV, V).to(tl.float32) - vw
         store_rows(vh, rows, mrow, HV * V, v0, v_new, BV, V)
         vg = gated_delta(v_new, g_cum, g_last, mrow)
-        eg = tl.exp(g_last)
-        s0 = absorb(s0, kh, rows, mrow, H * K, 0, vg, eg, K, False)
-        if K > 64:
-            s1 = absorb(s1, kh, rows, mrow, H * K, 64, vg, eg, K, False)
-        if K > 128:
-            s2 = absorb(s2, kh, rows, mrow, H * K, 128, vg, eg, K, False)
-        if K > 192:
-            s3 = absorb(s3, kh, rows, mrow, H * K, 192, vg, eg, K, False)
+        s0, s1, s2, s3 = absorb_all(s0, s1, s2, s3, kh, rows, mrow, H * K, vg, tl.exp(g_last), K, False)
     if STORE_HT:
         sb = ht_ptr + (i_n * HV + i_hv) * K * V
         store_state(sb, 0, v0, s0, K, V, BV, STATE_V_FIRST)
