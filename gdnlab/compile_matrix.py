@@ -167,13 +167,28 @@ _LINK_NOTE: list[str] = []
 
 def _guard_hip_link() -> None:
     """Let a HIP build stop before linking when no linker can be had: the AMDGCN text is what we read."""
-    try:
-        from triton.backends.amd.compiler import HIPBackend
+    try:  # the class triton.compile uses: backends are loaded as separate module instances
+        from triton.backends import backends
+        HIPBackend = backends["amd"].compiler
     except Exception:
         return
     if getattr(HIPBackend.make_hsaco, "_gdnlab", False):
         return
     orig = HIPBackend.make_hsaco
+    find = getattr(HIPBackend, "path_to_rocm_lld", None)  # 3.0-3.4 look for ld.lld (also in hash())
+    if find is not None:
+        def path_to_rocm_lld():
+            try:
+                return find()
+            except Exception:  # no linker here: a stub that answers --version and refuses to link
+                stub = Path(tempfile.gettempdir()) / "gdnlab-no-ld.lld"
+                if not stub.exists():
+                    stub.write_text('#!/bin/sh\n[ "$1" = "--version" ] && { echo "gdnlab stub, no ld.lld"; exit 0; }\n'
+                                    'echo "no ld.lld on this machine" >&2; exit 1\n')
+                    stub.chmod(0o755)
+                return stub
+
+        HIPBackend.path_to_rocm_lld = staticmethod(path_to_rocm_lld)
 
     def make_hsaco(src, metadata, options):
         try:

@@ -6,9 +6,10 @@ data, the matrix instructions each target has; `check_dot_shapes` says which dot
 their operand type (the autotune configs a target cannot serve natively) and which have no instruction at all (an
 FMA loop by design, e.g. fp32 dots with input_precision="ieee" on NVIDIA).
 
-What a Triton release *does* with a below-minimum dot (reject it, pad it up to an instruction, or fall back to FMA)
-differs between releases and targets; `BELOW_MIN_BEHAVIOUR` records that, measured by `gdnlab compile-matrix`, and
-`predict` combines the two into the outcome a build should have.
+What a Triton release *does* with a small dot differs between releases and targets: `FRONTEND_MIN` is the shape
+assertion `tl.dot` itself makes (read from each release's source), `SMALL_DOT_LOWERING` what the backend then does
+with a dot that has M or N below 16 (serve it with a matrix instruction, padded if need be; fall back to an FMA loop;
+or fail), measured by `gdnlab compile-matrix`. `predict` and `expected_lowering` combine the three.
 
 This module imports nothing but the standard library, so it runs inside the throwaway venvs of older Tritons too.
 """
@@ -212,20 +213,23 @@ FRONTEND_MIN: tuple[FrontendMin, ...] = (
 
 
 @dataclass(frozen=True)
-class Behaviour:
-    """How Triton releases [first, last] treat a dot that passes the frontend but is below the hardware minimum."""
+class Lowering:
+    """What Triton releases [first, last] do on `target` with a dot that passes the frontend but has M or N below
+    `below` (16: the smallest MFMA/WMMA/mma tile side). Measured by `gdnlab compile-matrix`."""
 
     target: str
     first: str
     last: str
-    outcome: str  # "error": the build fails; "pad": a matrix instruction on a padded tile; "fma": an FMA loop
+    outcome: str  # "matrix": a matrix instruction serves it (natively or padded); "fma": an FMA loop; "error"
     how: str
+    below: int = 16
+
+    def small(self, d: Dot) -> bool:
+        return min(d.M, d.N) < self.below
 
 
-#: Measured by `gdnlab compile-matrix` (reports/tables/compile_matrix.csv and compile_matrix_releases.csv).
-BELOW_MIN_BEHAVIOUR: tuple[Behaviour, ...] = ()
-
-
+#: Filled from reports/tables/compile_matrix_releases.csv (hip targets, every release) and compile_matrix.csv.
+SMALL_DOT_LOWERING: tuple[Lowering, ...] = ()
 def _vkey(v: str) -> tuple[int, ...]:
     return tuple(int(x) for x in v.split("+")[0].split(".")[:3] if x.isdigit())
 
@@ -242,23 +246,33 @@ def frontend_min(target: str, triton_version: str) -> tuple[int, int, int] | Non
     return None
 
 
-def behaviour(target: str, triton_version: str) -> Behaviour | None:
-    """The recorded below-minimum behaviour of this Triton release on this target, or None if never measured."""
-    for b in BELOW_MIN_BEHAVIOUR:
+def behaviour(target: str, triton_version: str) -> Lowering | None:
+    """How this Triton release lowers small dots on this target, or None if never measured."""
+    for b in SMALL_DOT_LOWERING:
         if b.target == target and _in(triton_version, b.first, b.last):
             return b
     return None
 
 
 def predict(target: str, triton_version: str, BV: int | None, kernel: str, num_warps: int = 4) -> str:
-    """The build outcome predicted before compiling: "error" when a dot fails this release's tl.dot assertion, or
-    is below the hardware minimum where the release rejects such dots (or its behaviour was never measured);
-    else "ok"."""
+    """The build outcome predicted before compiling: "error" when a dot fails this release's tl.dot assertion, when
+    the release is recorded to reject such small dots, or (release never measured) when a dot is below the hardware
+    minimum; else "ok"."""
     chk = check_dot_shapes(target, BV, kernel, num_warps)
     fmin = frontend_min(target, triton_version)
     if fmin is not None and any(d.M < fmin[0] or d.N < fmin[1] or d.K < fmin[2] for d in chk.dots):
         return "error"
-    if chk.ok:
-        return "ok"
     b = behaviour(target, triton_version)
-    return "error" if b is None or b.outcome == "error" else "ok"
+    if b is None:
+        return "ok" if chk.ok else "error"
+    return "error" if b.outcome == "error" and any(b.small(d) for d in chk.dots) else "ok"
+
+
+def expected_lowering(target: str, triton_version: str, d: Dot, chk: ShapeCheck) -> str:
+    """"fma" or "matrix": how a dot of a successful build should be lowered, per the check and the measured data."""
+    if d in chk.no_instr:
+        return "fma"
+    b = behaviour(target, triton_version)
+    if b is not None and b.small(d):
+        return "fma" if b.outcome == "fma" else "matrix"
+    return "matrix"

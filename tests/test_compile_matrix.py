@@ -166,16 +166,10 @@ def _agree(row: dict[str, str], version: str) -> None:
     chk = ds.check_dot_shapes(t, bv, k, w)
     seen = _observed(row)
     assert set(seen) == {(d.M, d.N, d.K, d.operands) for d in chk.dots}, f"{where}: dot shapes"
-    b = ds.behaviour(t, version)
     for d in chk.dots:
         kind = seen[(d.M, d.N, d.K, d.operands)]
-        if d in chk.no_instr:
-            assert kind == "fma", f"{where}: {d.site} has no instruction yet lowered to {kind}"
-        elif d in chk.below_min:
-            assert b is not None, f"{where}: {d.site} below minimum, and this release's behaviour is unrecorded"
-            assert (kind == "fma") == (b.outcome == "fma"), f"{where}: {d.site} below minimum, lowered to {kind}"
-        else:
-            assert kind != "fma", f"{where}: {d.site} fits an instruction yet became an FMA loop"
+        want = ds.expected_lowering(t, version, d, chk)
+        assert (kind == "fma") == (want == "fma"), f"{where}: {d.site} {d.shape} lowered to {kind}, expected {want}"
     if chk.dots and len(chk.no_instr) < len(chk.dots):
         assert row["matrix_instr"] != "none", where
 
