@@ -33,7 +33,8 @@ from gdnlab.reference import chunk_gated_delta_rule_ref, recurrent_gated_delta_r
 __all__ = [
     "BT", "REPORT_SEQ_LEN", "REPORT_BV", "REPORT_ISOLATION", "CUTEDSL_SHAPE", "Problem",
     "device_name", "env_columns", "load_plugins", "run_backend", "check_written", "reference",
-    "seq_len_sweep", "decay_grid", "ratio_table", "report_table", "report_fit", "bv_sweep", "isolation_table",
+    "seq_len_sweep", "decay_grid", "ratio_table", "report_table", "regime_sweep", "report_fit", "report_view",
+    "fit_view", "run_info", "sweep_view", "bv_view", "isolation_view", "ablation_view", "bv_sweep", "isolation_table",
     "ablation", "save_table",
 ]
 
@@ -240,9 +241,23 @@ def ratio_table(df: pd.DataFrame, candidate: str, baseline: str = "two_kernel", 
     return wide
 
 
-def report_table(df: pd.DataFrame, candidate: str = "fused_shipped", baseline: str = "two_kernel") -> pd.DataFrame:
+_ANY: Any = object()
+
+
+def report_table(df: pd.DataFrame, candidate: str = "fused_shipped", baseline: str = "two_kernel", *,
+                 decay: float | None = _ANY, h0_scale: float = _ANY) -> pd.DataFrame:
     """The report's first table next to ours (long format): for each report seq_len and quantity
-    (``baseline max err``, ``fused max err``, ``ratio``) the measured value, the report's, and measured/report."""
+    (``baseline max err``, ``fused max err``, ``ratio``) the measured value, the report's, and measured/report.
+
+    ``decay`` / ``h0_scale`` pick one regime out of a table holding several (``decay=None``: the regime's own gate).
+    """
+    if decay is not _ANY:
+        df = df[df.decay.isna()] if decay is None else df[df.decay == decay]
+    if h0_scale is not _ANY:
+        df = df[df.h0_scale == h0_scale]
+    if df.empty:
+        raise ValueError(f"report_table: no rows for decay={decay!r}, h0_scale={h0_scale!r} (is it among the "
+                         f"regimes that were run?)")
     r = ratio_table(df[df.initial_state] if "initial_state" in df else df, candidate, baseline)
     rows = []
     for _, x in r[r.seq_len.isin(list(REPORT_SEQ_LEN))].iterrows():
@@ -282,20 +297,27 @@ def fit_view(fit: pd.DataFrame) -> pd.DataFrame:
     return w.set_index(["decay", "h0_scale"])
 
 
-def report_fit(decays: Sequence[float | None], h0_scales: Sequence[float], backends: Sequence[str], *,
-               problem: Problem = Problem(), candidate: str = "fused_shipped", baseline: str = "two_kernel",
-               device: str | torch.device = "cpu", progress: bool = True) -> pd.DataFrame:
-    """:func:`report_table` for every (decay, h0_scale): how close each input regime comes to the report's rows.
+def regime_sweep(decays: Sequence[float | None], h0_scales: Sequence[float], backends: Sequence[str], *,
+                 seq_lens: Sequence[int] = tuple(REPORT_SEQ_LEN), problem: Problem = Problem(),
+                 baseline: str = "two_kernel", device: str | torch.device = "cpu",
+                 progress: bool = True) -> pd.DataFrame:
+    """:func:`seq_len_sweep` (with an initial state) for every (gate decay, initial-state scale): the raw rows
+    behind :func:`report_fit`. A decay of None keeps ``problem.regime``'s own gate."""
+    frames = []
+    grid = [(d, s) for d in decays for s in h0_scales]
+    for d, s in _bar(grid, len(grid), "regimes", progress):
+        frames.append(seq_len_sweep(seq_lens, backends, problem=replace(problem, decay=d, h0_scale=s),
+                                    initial_state=(True,), baseline=baseline, device=device, progress=False))
+    return pd.concat(frames, ignore_index=True)
+
+
+def report_fit(sweep: pd.DataFrame, candidate: str = "fused_shipped", baseline: str = "two_kernel") -> pd.DataFrame:
+    """:func:`report_table` for every regime of a :func:`regime_sweep`: how close each comes to the report's rows.
 
     Adds ``worst_factor`` per regime: the largest of ``max(f, 1/f)`` over its twelve numbers.
     """
-    frames = []
-    grid = [(d, s) for d in decays for s in h0_scales]
-    for d, s in _bar(grid, len(grid), "report fit", progress):
-        p = replace(problem, decay=d, h0_scale=s)
-        sweep = seq_len_sweep(list(REPORT_SEQ_LEN), backends, problem=p, initial_state=(True,), device=device,
-                              progress=False)
-        frames.append(report_table(sweep, candidate, baseline))
+    frames = [report_table(g, candidate, baseline) for _, g in sweep.groupby(
+        [sweep.decay.fillna(-1.0), sweep.h0_scale], sort=False)]
     fit = pd.concat(frames, ignore_index=True)
     off = fit.factor.map(lambda f: max(f, 1 / f) if f > 0 else math.inf)
     fit["worst_factor"] = off.groupby([fit.decay.fillna(-1), fit.h0_scale]).transform("max")
@@ -335,14 +357,16 @@ def bv_sweep(bvs: Sequence[int], backends: Sequence[str], *, baseline: str = "tw
 
 def isolation_table(cases: Sequence[Any], backends: Sequence[str], *, baseline: str = "two_kernel",
                     decay: float | None = None, h0_scale: float | None = None, regime: str | None = None,
-                    device: str | torch.device = "cpu", progress: bool = True) -> pd.DataFrame:
+                    shape: dict[str, int] | None = None, device: str | torch.device = "cpu",
+                    progress: bool = True) -> pd.DataFrame:
     """Output and final-state error of each backend on each case (``gdnlab.cases.Case``), and each backend's
     largest difference from the baseline's output and state (0.0 means bit-equal).
 
-    ``decay``, ``h0_scale``, ``regime`` (None: the case's own) change how the case's inputs are drawn; every other
-    case field (length, batch, initial state, state dtype, seed) is kept.
+    ``decay``, ``h0_scale``, ``regime`` and ``shape`` (H, HV, K, V; None: the case's own) change how the case's
+    inputs are drawn; every other case field (length, batch, initial state, state dtype, seed) is kept.
     """
     overrides = {k: v for k, v in (("decay", decay), ("h0_scale", h0_scale), ("regime", regime)) if v is not None}
+    overrides.update(shape or {})
     rows = []
     jobs = [(c, b) for c in cases for b in dict.fromkeys([baseline, *backends])]
     done: dict[str, tuple[GDNInputs, Any, dict[str, tuple[torch.Tensor, torch.Tensor]]]] = {}
@@ -361,7 +385,8 @@ def isolation_table(cases: Sequence[Any], backends: Sequence[str], *, baseline: 
         ob, hb = outs[baseline]
         rep = REPORT_ISOLATION.get(c.name, (math.nan, math.nan))
         rows.append(dict(env_columns(device, c.seed), regime=inp.regime, decay=inp.meta.get("decay"),
-                         h0_scale=inp.meta.get("h0_scale"), case=c.name, T=c.T, n_chunks=c.n_chunks,
+                         h0_scale=inp.meta.get("h0_scale"), **{k: inp.meta[k] for k in ("H", "HV", "K", "V")},
+                         case=c.name, T=c.T, n_chunks=c.n_chunks,
                          initial_state=c.initial_state, backend=b, **_err(o, o_ref), **_err(ht, s_ref, "state_"),
                          output_diff_vs_baseline=float((o.double() - ob.double()).abs().max()),
                          state_diff_vs_baseline=float((ht.double() - hb.double()).abs().max()),

@@ -193,8 +193,8 @@ def bit_equal_to_baseline(df: pd.DataFrame, backend: str = "fused_fixed",
     worst = {c: float(rows[c].abs().max()) for c in cols}
     if any(v != 0.0 for v in worst.values()):
         raise _fail(f"{backend} is not bit-equal to the baseline", worst)
-    what = " and ".join(c.replace("_diff_vs_baseline", "") for c in cols)
-    return Finding(f"{backend}'s {what} are bit-equal to the two-kernel path's in all {len(rows)} rows "
+    what = " and ".join({"diff_vs_baseline": "output"}.get(c, c.replace("_diff_vs_baseline", "")) for c in cols)
+    return Finding(f"{backend} is bit-equal to the two-kernel path ({what}) in all {len(rows)} rows "
                    f"(largest difference 0.0).", dict(worst=worst))
 
 

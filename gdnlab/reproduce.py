@@ -67,9 +67,9 @@ NOTEBOOKS: tuple[NotebookSpec, ...] = (
                   grid_chunks=[1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024], grid_shape=_CUTEDSL)),
     NotebookSpec(
         "02_bv_sweep", "BV sweep at seq_len 128",
-        quick=dict(bvs=[32, 64], shape=_TINY)),
+        quick=dict(bvs=[32, 64], shape=_TINY), cuda=dict(shape=_CUTEDSL)),
     NotebookSpec(
-        "03_isolation", "Isolation: where the fused kernel's error enters"),
+        "03_isolation", "Isolation: where the fused kernel's error enters", quick=dict(shape=_TINY)),
     NotebookSpec(
         "04_root_cause", "Root cause: ablation over the fused kernel's switches",
         quick=dict(seq_lens=[64, 128], shape=_TINY),

@@ -140,6 +140,21 @@ def test_report_table_against_the_report():
     assert list(ex.report_view(t).index) == [63, 64, 128, 192]
 
 
+def test_regime_sweep_and_fit():
+    sweep = ex.regime_sweep([None, 0.001], [0.05], ["two_kernel", "fused_shipped"], seq_lens=(63, 64, 128),
+                            problem=replace(SLOW, decay=None), progress=False)
+    assert sweep.decay.isna().sum() == sweep.decay.notna().sum() == 2 * 3
+    fit = ex.report_fit(sweep)
+    assert len(fit) == 2 * 3 * 3 and fit.worst_factor.notna().all()
+    assert list(ex.fit_view(fit).index.get_level_values(0)) == ["regime's own", "0.001"]
+    slow = ex.report_table(sweep, decay=0.001, h0_scale=0.05)
+    assert len(slow) == 9 and (slow.decay == 0.001).all()
+    assert ex.report_table(sweep, decay=None).decay.isna().all()
+    with pytest.raises(ValueError, match="no rows for decay=0.002"):
+        ex.report_table(sweep, decay=0.002)
+    assert "Closest to the report" in findings.regime_fit_summary(fit).claim
+
+
 def test_plots_draw_and_save(tmp_path):
     sweep = pd.concat([_ratio_frame({1: 8.0, 2: 50.0}), _ratio_frame({1: 1.0, 2: 50.0}).assign(initial_state=False)])
     ratios = ex.ratio_table(pd.concat([sweep[sweep.initial_state], sweep[sweep.initial_state].assign(
