@@ -9,9 +9,13 @@ models are named hypotheses whose parameters are stated in their descriptions.
 NaN results are returned as the quiet NaN 0x7FFFFFFF by every model (NaN payloads are not modelled; mmasim's
 fused models return the same NaN, its FMA and FTZ models whatever the host CPU produces).
 
-Arithmetic is vectorised numpy. Products of two bf16 values are exact in float64 (16 significant bits), and every
-intermediate below is a dyadic number whose significand fits in 53 bits, so float64 holds it exactly; scaling by a
-power of two is exact because no intermediate leaves float64's normal range. Rounding steps are done explicitly:
+Operands are bf16 by default. ``dot(..., input_type="tf32" | "fp32")`` routes fp32 dots to the unit's tf32 model
+(Hopper, Ampere, CDNA3 xf32; validated against mmasim too) or to an fp32 FMA chain (:data:`FP32_FMA`), see
+:meth:`MMAModel.for_inputs`.
+
+Arithmetic is vectorised numpy. Products of two bf16 (or tf32, or fp32) values are exact in float64 (16, 22 or 48
+significant bits), and every intermediate below is a dyadic number whose significand fits in 53 bits, so float64
+holds it exactly; scaling by a power of two is exact because no intermediate leaves float64's normal range. Rounding steps are done explicitly:
 
 * truncation (toward zero) and floor (toward minus infinity) to a fixed number of fractional bits relative to an
   alignment exponent: ``trunc(x * 2**(F - e)) * 2**(e - F)``;
@@ -22,11 +26,13 @@ power of two is exact because no intermediate leaves float64's normal range. Rou
 
 Notation used in descriptions: a term's exponent ``e`` is that of the normalised significand in [1, 2) for each bf16
 or fp32 operand (subnormals take the minimum normal exponent, -126, with a significand below 1); a product's
-exponent is ``e_a + e_b`` (its significand then lies in [0, 4)).
+exponent is ``e_a + e_b`` (its significand then lies in [0, 4)). MMA-Sim's own models are the authority for the
+NVIDIA and AMD CDNA arithmetic; this module re-derives them in numpy (no code copied).
 
-Public names: :class:`MMAModel` and its subclasses, :data:`MODELS`, :func:`get_model`, :func:`bit_exact_fraction`,
-:func:`random_tiles`, :func:`tile_kinds`, :func:`hardware_check_tiles`, :data:`TILE_KINDS`, and
-:func:`mmasim_dot` (imports ``mmasim`` lazily; only tests and benchmarks use it).
+Public names: :class:`MMAModel` and its subclasses, :data:`MODELS`, :data:`FP32_FMA`, :func:`get_model`,
+:func:`bit_exact_fraction`, :func:`to_bf16`, :func:`random_tiles`, :func:`tile_kinds`, :func:`hardware_check_tiles`,
+:data:`TILE_KINDS`, :data:`HARDWARE_KINDS`, :data:`MMASIM_TARGETS`, :func:`mmasim_dot` and :func:`mmasim_call` (these
+two import ``mmasim`` lazily; only tests and benchmarks use them).
 """
 from __future__ import annotations
 
@@ -136,7 +142,8 @@ class MMAModel:
     Attributes: ``name``; ``description`` (the arithmetic, with its parameters); ``k_block`` (products fused per
     step: K is walked in order in blocks of this size, the last block may be shorter); ``mmasim`` (the mmasim
     architecture and instruction the model is validated against, or None); ``equivalent_to`` (the name of a model
-    with identical arithmetic, or None); ``tf32`` (the model of the unit's tf32 path, or None).
+    with identical arithmetic, or None); ``tf32`` (the model of the unit's tf32 path, or None); ``input_type`` (the
+    operand type the model is for: "bf16", or "tf32" for the tf32 models).
     """
 
     name: str
@@ -145,6 +152,7 @@ class MMAModel:
     mmasim: tuple[str, str] | None = None
     equivalent_to: str | None = None
     tf32: MMAModel | None = None
+    input_type: str = "bf16"
 
     def dot(self, a: np.ndarray, b: np.ndarray, c: np.ndarray, input_type: str = "bf16") -> np.ndarray:
         """``D = a @ b + c``: a ``[..., M, K]`` and b ``[..., K, N]`` float32, c ``[..., M, N]`` float32; leading batch
@@ -177,17 +185,19 @@ class MMAModel:
         return self.for_inputs(input_type)._dot(a32, b32, c32)
 
     def for_inputs(self, input_type: str) -> MMAModel:
-        """The model that computes this unit's dots on ``input_type`` operands: itself for ``"bf16"``; its
-        ``tf32`` model for ``"tf32"`` where the unit has a tf32 path (NVIDIA tensor cores, CDNA3 xf32), else the
-        fp32 FMA chain; the fp32 FMA chain for ``"fp32"`` (how Triton compiles ``input_precision="ieee"`` fp32 dots
-        for NVIDIA and RDNA, and how CDNA computes fp32 MFMA)."""
-        if input_type == "bf16":
+        """The model that computes this unit's dots on ``input_type`` operands: itself for its own operand type
+        (``self.input_type``; an FMA chain takes any); for ``"tf32"`` its ``tf32`` model where the unit has a tf32
+        path (NVIDIA tensor cores, CDNA3 xf32), else the fp32 FMA chain; the fp32 FMA chain for ``"fp32"`` (how
+        Triton compiles ``input_precision="ieee"`` fp32 dots for NVIDIA and RDNA, and how CDNA computes fp32 MFMA)."""
+        if input_type not in _LOW_BITS:
+            raise ValueError(f"input_type must be one of {sorted(_LOW_BITS)}, got {input_type!r}")
+        if input_type == self.input_type or isinstance(self, SequentialFMA):
             return self
         if input_type == "tf32" and self.tf32 is not None:
             return self.tf32
         if input_type in ("tf32", "fp32"):
             return FP32_FMA
-        raise ValueError(f"input_type must be one of {sorted(_LOW_BITS)}, got {input_type!r}")
+        raise ValueError(f"model {self.name!r} computes {self.input_type} operands, not {input_type}")
 
     def _dot(self, a32: np.ndarray, b32: np.ndarray, c32: np.ndarray) -> np.ndarray:
         raise NotImplementedError
@@ -445,17 +455,20 @@ def _build_models() -> dict[str, MMAModel]:
         "k_block = 8, F = 25, e_zero = -133.",
         k_block=8, F=25, e_zero=-133, mmasim=("Hopper", "wgmma m64n8k8.f32.tf32.tf32; mma m16n8k8"),
     )
+    by_name["hopper"].tf32.input_type = "tf32"
     by_name["ampere"].tf32 = TruncatedFusedDot(
         "ampere_tf32",
         "NVIDIA sm_80 tf32 mma with fp32 accumulate: as 'ampere' with 4 products per step. "
         "k_block = 4, F = 24, e_zero = -132.",
         k_block=4, F=24, e_zero=-132, mmasim=("Ampere", "mma m16n8k8.f32.tf32.tf32.f32"),
     )
+    by_name["ampere"].tf32.input_type = "tf32"
     by_name["cdna3"].tf32 = CDNA3FusedDot(
         "cdna3_xf32",
         "AMD CDNA3 v_mfma_f32_*_xf32: as 'cdna3' with 4 products per step. k_block = 4, F = 24, F2 = 31.",
         k_block=4, F=24, F2=31, mmasim=("CDNA3", "v_mfma_f32_16x16x8_xf32"),
     )
+    by_name["cdna3"].tf32.input_type = "tf32"
     return by_name
 
 

@@ -225,9 +225,15 @@ def test_input_types() -> None:
     assert hopper.for_inputs("bf16") is hopper and hopper.for_inputs("tf32").k_block == 8
     assert mma.MODELS["ampere"].for_inputs("tf32").k_block == 4 and mma.MODELS["cdna3"].for_inputs("tf32").k_block == 4
     for name, m in mma.MODELS.items():
-        assert m.for_inputs("fp32") is mma.FP32_FMA
+        assert isinstance(m.for_inputs("fp32"), mma.SequentialFMA)
         if name not in ("hopper", "ampere", "cdna3"):
-            assert m.for_inputs("tf32") is mma.FP32_FMA
+            assert isinstance(m.for_inputs("tf32"), mma.SequentialFMA)
+        else:
+            tf32 = m.for_inputs("tf32")
+            assert tf32.input_type == "tf32" and tf32.for_inputs("tf32") is tf32
+            assert tf32.for_inputs("fp32") is mma.FP32_FMA
+            with pytest.raises(ValueError, match="computes tf32"):
+                tf32.for_inputs("bf16")
     for input_type, low in (("tf32", 0x1FFF), ("fp32", 0)):
         a, b, c = mma.random_tiles(22, 16, 16, 8, seed=1, input_type=input_type)
         assert not np.any(a.view(np.uint32) & low) and np.any(a.view(np.uint32) & 0xFFFF)
@@ -235,6 +241,7 @@ def test_input_types() -> None:
             hopper.dot(a, b, c)
         d = hopper.dot(a, b, c, input_type=input_type)
         assert d.shape == c.shape
+        assert mma.bit_exact_fraction(hopper.for_inputs(input_type).dot(a, b, c, input_type=input_type), d) == 1.0
     a, b, c = mma.random_tiles(22, 16, 16, 8, seed=1, input_type="fp32")
     with pytest.raises(ValueError, match="tf32"):
         hopper.dot(a, b, c, input_type="tf32")
