@@ -97,26 +97,33 @@ def ratio_heatmap(ratios: pd.DataFrame) -> Figure:
     vmin, vmax = max(float(np.nanmin(t.values)), 1e-3), max(float(np.nanmax(t.values)), 1.01)
     sns.heatmap(t, annot=True, fmt=".3g", norm=LogNorm(vmin=min(vmin, 1.0), vmax=vmax), cmap="rocket_r", ax=ax,
                 cbar_kws={"label": "error ratio"})
-    ax.set(xlabel="chunks", ylabel="mean(-g)",
+    ax.set(xlabel="chunks", ylabel="gate decay mean(-g) per token",
            title=f"{ratios.candidate.iloc[0]} / {ratios.baseline.iloc[0]} max error")
+    ax.tick_params(axis="y", labelrotation=0)
     fig.tight_layout()
     return fig
 
 
-def bv_bars(bv: pd.DataFrame) -> Figure:
-    """Output max error per BV and backend (bars, log y), the report's fused numbers as black markers."""
-    d = bv[bv.status == "ok"].copy()
+def bv_bars(bv: pd.DataFrame, baseline: str = "two_kernel") -> Figure:
+    """Output max error per BV for each fused backend (bars, log y); the baseline (run once, at its default BV) as a
+    line; the report's fused numbers as black diamonds."""
+    d = bv[(bv.status == "ok") & (bv.backend != baseline)].copy()
     d["BV"] = d.BV.astype(int)
-    fig, ax = plt.subplots(figsize=(6.5, 4))
-    order = sorted(d.BV.unique())
+    order = sorted(set(bv.BV.dropna().astype(int)))
+    fig, ax = plt.subplots(figsize=(7.5, 4))
     sns.barplot(data=d, x="BV", y="max_abs_err", hue="backend", order=order, ax=ax)
-    rep = d.dropna(subset=["report_max_abs_err"]).drop_duplicates("BV")
+    base = bv[bv.backend == baseline]
+    if not base.empty:
+        ax.axhline(float(base.max_abs_err.iloc[0]), color="C2", lw=2,
+                   label=f"{baseline} (BV {int(base.BV.iloc[0])})")
+    rep = bv.dropna(subset=["report_max_abs_err"]).drop_duplicates("BV")
     if not rep.empty:
-        ax.scatter([order.index(b) for b in rep.BV], rep.report_max_abs_err, marker="_", s=600, color="k",
-                   zorder=5, label="report (fused)")
+        first = -0.4 + 0.4 / max(d.backend.nunique(), 1)  # centre of the first hue's bar in each BV group
+        ax.scatter([order.index(int(b)) + first for b in rep.BV], rep.report_max_abs_err, marker="D", s=40, color="k",
+                   zorder=5, label="report (fused, gfx1151)")
     _ulp_line(ax)
-    ax.set(yscale="log", ylabel="max abs err", title=f"output error vs BV (seq_len {int(d.seq_len.iloc[0])})")
-    ax.legend(fontsize=8)
+    ax.set(yscale="log", ylabel="max abs err", title=f"output error vs BV (seq_len {int(bv.seq_len.iloc[0])})")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()
     return fig
 
@@ -140,7 +147,10 @@ def isolation_bars(iso: pd.DataFrame) -> Figure:
     sns.barplot(data=iso, x="case", y="max_abs_err", hue="backend", ax=ax)
     _ulp_line(ax)
     finite = iso.max_abs_err[iso.max_abs_err > 0]
-    ax.set_yscale("symlog", linthresh=float(finite.min()) / 2 if not finite.empty else 1e-6)
+    if len(finite) == len(iso):
+        ax.set_yscale("log")
+    else:
+        ax.set_yscale("symlog", linthresh=float(finite.min()) / 2 if not finite.empty else 1e-6)
     ax.set(xlabel="", ylabel="max abs err", title="isolation: output error")
     ax.legend(fontsize=8)
     fig.tight_layout()

@@ -209,6 +209,7 @@ def _run_one(spec: NotebookSpec, params: dict[str, Any], nb_dir: Path, out: Path
                             kernel_name=kernel, language="python", cwd=str(nb_dir), progress_bar=False, log_output=False,
                             execution_timeout=timeout, extra_arguments=["--IPKernelApp.log_level=ERROR"])
         _export_html(executed, tmp / f"{spec.name}.html", exclude_input=True)
+        found = _findings(executed)
         files = _files_under(tmp)
         for old in (previous or {}).get("files", []):
             if old not in files:
@@ -218,7 +219,8 @@ def _run_one(spec: NotebookSpec, params: dict[str, Any], nb_dir: Path, out: Path
             os.replace(tmp / f, out / f)
         os.replace(tmp / f"{spec.name}.html", out / f"{spec.name}.html")
         (out / "failed" / f"{spec.name}.html").unlink(missing_ok=True)
-        entry.update(status="ok", seconds=round(time.time() - t0, 1), html=f"{spec.name}.html", files=files)
+        entry.update(status="ok", seconds=round(time.time() - t0, 1), html=f"{spec.name}.html", files=files,
+                     findings=found)
     except Exception as e:  # noqa: BLE001 - any failure is recorded; the other notebooks still run
         entry.update(status="failed", seconds=round(time.time() - t0, 1), error=_first_error(e))
         if executed.exists():
@@ -236,6 +238,15 @@ def _run_one(spec: NotebookSpec, params: dict[str, Any], nb_dir: Path, out: Path
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return entry
+
+
+def _findings(nb_path: Path) -> list[str]:
+    """The claims a notebook displayed (gdnlab.findings.Finding renders as Markdown "**Finding.** ...")."""
+    import nbformat
+    nb = nbformat.read(nb_path, as_version=4)
+    return [out["data"]["text/markdown"].removeprefix("**Finding.**").strip() for c in nb.cells
+            if c.cell_type == "code" for out in c.get("outputs", [])
+            if out.get("data", {}).get("text/markdown", "").startswith("**Finding.**")]
 
 
 def _first_error(e: BaseException) -> str:
@@ -307,6 +318,8 @@ def reproduce(*, device: str = "cpu", backend: str | None = None, plugins: Seque
     out = out.resolve()
     kernel = kernel or ensure_kernel()
     jobs = jobs or (min(2, os.cpu_count() or 1) if device == "cpu" else 1)
+    if jobs > 1:
+        os.environ.setdefault("OMP_NUM_THREADS", "1")  # notebooks in parallel: one core each, not two threads each
     manifest = _load_manifest(out)
     manifest.setdefault("notebooks", {})
     run_tag = uuid.uuid4().hex[:8]
@@ -396,9 +409,11 @@ def write_index(out: Path, manifest: dict[str, Any]) -> Path:
         files = r.get("files", [])
         figs = "".join(f"<a href='{f}'><img src='{f}' alt='{f}'></a>" for f in files if f.endswith(".png"))
         tabs = " ".join(f"<a href='{f}'>{Path(f).name}</a>" for f in files if f.endswith(".csv"))
+        claims = "".join(f"<li>{html.escape(c)}</li>" for c in r.get("findings", []))
+        claims = f"<ul class='small'>{claims}</ul>" if claims and r["status"] == "ok" else ""
         rows.append(f"<tr><td>{name}</td><td>{link}</td><td>{status}</td><td>{r.get('seconds', '')} s</td>"
                     f"<td style='text-align:left'>{tabs}</td></tr><tr><td></td><td colspan=4 style='text-align:left'>"
-                    f"{figs}</td></tr>")
+                    f"{claims}{figs}</td></tr>")
     other = [str(p.relative_to(out)) for p in sorted((out / "tables").glob("*.csv")) if str(p.relative_to(out))
              not in claimed] if (out / "tables").exists() else []
     subs = []

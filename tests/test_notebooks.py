@@ -45,6 +45,8 @@ def test_every_notebook_runs_quick(tmp_path):
     assert set(man["notebooks"]) == {s.name for s in discover(NB_DIR)}
     for name in man["notebooks"]:
         assert (out / f"{name}.html").stat().st_size > 10_000
+    for name in OURS:
+        assert man["notebooks"][name]["findings"], f"{name} states no findings"
     sweep = pd.read_csv(out / "tables" / "seq_len_sweep.csv")
     need = {"device", "torch", "triton", "seed", "regime", "backend", "seq_len", "n_chunks", "initial_state",
             "max_abs_err", "mean_abs_err", "rel_rms"}
