@@ -113,11 +113,13 @@ def ratio_grows_with_chunks(sweep: pd.DataFrame, candidate: str = "fused_shipped
                     f"(1 chunk {r1:.3g}; at or below it: {low}; at {nmax} chunks {ratios[nmax]:.3g}, "
                     f"needed >= {min_growth:g}x the 1-chunk ratio)", ratios)
     peak = max(ratios, key=ratios.get)
+    n2 = min(n for n in ratios if n > 1)
+    later = [v for n, v in ratios.items() if n > 1]
     h0 = "with" if initial_state else "without"
-    return Finding(f"{h0.capitalize()} an initial state, the {candidate}/{baseline} max-error ratio is {_x(r1)} at 1 chunk, "
-                   f"{_x(ratios[min(n for n in ratios if n > 1)])} at {min(n for n in ratios if n > 1)} chunks and "
-                   f"{_x(ratios[nmax])} at {nmax} chunks ({ratios[nmax] / r1:.3g}x the 1-chunk ratio; largest "
-                   f"{_x(ratios[peak])} at {peak} chunks).", dict(ratios=ratios))
+    return Finding(f"{h0.capitalize()} an initial state, the {candidate}/{baseline} max-error ratio is {_x(r1)} at 1 "
+                   f"chunk, {_x(ratios[n2])} at {n2} chunks and {_x(ratios[nmax])} at {nmax} chunks "
+                   f"({ratios[nmax] / r1:.3g}x the 1-chunk ratio). From {n2} chunks on it stays between "
+                   f"{_x(min(later))} and {_x(max(later))} (largest at {peak} chunks).", dict(ratios=ratios))
 
 
 def slow_gate_larger_ratio(grid: pd.DataFrame, candidate: str = "fused_shipped", baseline: str = "two_kernel",
