@@ -6,7 +6,7 @@ import sys
 
 
 def _reproduce(argv: list[str]) -> int:
-    from gdnlab.reproduce import NOTEBOOKS, reproduce
+    from gdnlab.reproduce import reproduce
 
     ap = argparse.ArgumentParser(
         prog="gdnlab reproduce",
@@ -25,7 +25,7 @@ def _reproduce(argv: list[str]) -> int:
     ap.add_argument("--out", default=None,
                     help="output folder (default: reports/ on cpu, reports/<gpu-name>/ on cuda)")
     ap.add_argument("--only", metavar="NAME", action="append", default=[],
-                    help=f"run only notebooks whose name contains NAME (repeatable): {[s.name for s in NOTEBOOKS]}")
+                    help="run only notebooks whose name contains NAME (repeatable), e.g. 01 or bv_sweep")
     ap.add_argument("--jobs", type=int, default=None, help="notebooks run at once (default: 2 on cpu, 1 on cuda)")
     ap.add_argument("--kernel", default=None, help="Jupyter kernel name (default: 'gdnlab', registered if missing)")
     ap.add_argument("--timeout", type=int, default=None, help="seconds per cell before a notebook fails")
