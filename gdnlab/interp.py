@@ -24,7 +24,7 @@ class DotModel(Protocol):
 
     name: str
 
-    def dot(self, a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray: ...
+    def dot(self, a: np.ndarray, b: np.ndarray, c: np.ndarray, input_type: str = "bf16") -> np.ndarray: ...
 
 
 class ExactDot:
@@ -33,7 +33,7 @@ class ExactDot:
     name = "exact"
     description = "exact products, float64 sum, one rounding to fp32 (round to nearest even)"
 
-    def dot(self, a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
+    def dot(self, a: np.ndarray, b: np.ndarray, c: np.ndarray, input_type: str = "bf16") -> np.ndarray:
         return (np.matmul(a.astype(np.float64), b.astype(np.float64)) + c.astype(np.float64)).astype(np.float32)
 
 
@@ -113,14 +113,15 @@ def _make_patches(builder: Any) -> dict[str, Callable]:
         if d.data.dtype != np.float32:
             raise NotImplementedError(f"gdnlab numerics: dot accumulator {d.data.dtype} (only fp32 is modelled)")
         ad, bd = _as_f32(a), _as_f32(b)
+        kind = "bf16" if _is_bf16(a) else "fp32"
         if a.dtype.scalar == tl.float32 and input_precision == _ti._ir.INPUT_PRECISION.TF32:
-            ad, bd = _ti._round_f32_to_tf32(ad), _ti._round_f32_to_tf32(bd)
+            ad, bd, kind = _ti._round_f32_to_tf32(ad), _ti._round_f32_to_tf32(bd), "tf32"
         ad, bd = ad.astype(np.float32), bd.astype(np.float32)
         c = np.broadcast_to(d.data, ad.shape[:-1] + bd.shape[-1:]).astype(np.float32)
         if ad.ndim == 2:
-            out = _DOT_MODEL.dot(ad, bd, c)
+            out = _DOT_MODEL.dot(ad, bd, c, kind)
         else:
-            out = np.stack([_DOT_MODEL.dot(x, y, z) for x, y, z in zip(ad, bd, c)])
+            out = np.stack([_DOT_MODEL.dot(x, y, z, kind) for x, y, z in zip(ad, bd, c)])
         return TH(np.asarray(out, dtype=np.float32), d.dtype.scalar)
 
     return dict(cast_impl=cast_impl, create_fp_to_fp=create_fp_to_fp, binary_op=binary_op, unary_op=unary_op,
