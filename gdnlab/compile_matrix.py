@@ -110,19 +110,24 @@ def jobs(quick: bool = False, kernels: tuple[str, ...] = KERNELS, targets: tuple
 # ---- the build worker (runs under any Triton 3.x) -------------------------------------------------------------
 
 @contextlib.contextmanager
-def _capture_stderr() -> Iterator[list[str]]:
-    """Capture file descriptor 2 (where MLIR/LLVM print diagnostics) into the yielded list, line by line."""
+def _capture_fds(fds: tuple[int, ...] = (1, 2)) -> Iterator[list[str]]:
+    """Capture file descriptors (MLIR/LLVM print diagnostics on 2; Triton prints the ptxas log on 1) into the
+    yielded list, line by line."""
     out: list[str] = []
+    sys.stdout.flush()
     sys.stderr.flush()
-    saved = os.dup(2)
+    saved = {fd: os.dup(fd) for fd in fds}
     with tempfile.TemporaryFile(mode="w+b") as tmp:
-        os.dup2(tmp.fileno(), 2)
+        for fd in fds:
+            os.dup2(tmp.fileno(), fd)
         try:
             yield out
         finally:
+            sys.stdout.flush()
             sys.stderr.flush()
-            os.dup2(saved, 2)
-            os.close(saved)
+            for fd, dup in saved.items():
+                os.dup2(dup, fd)
+                os.close(dup)
             tmp.seek(0)
             out.extend(tmp.read().decode("utf-8", "replace").splitlines())
 
@@ -265,6 +270,15 @@ def dot_lowering(ttgir: str) -> tuple[str, int]:
     return ";".join(sorted(seen)), fma
 
 
+def _ptxas_log_resources(log: str) -> tuple[str, str] | None:
+    regs = re.search(r"Used (\d+) registers", log)
+    st = re.search(r"(\d+) bytes spill stores", log)
+    if regs is None or st is None:
+        return None
+    ld = re.search(r"(\d+) bytes spill loads", log)
+    return regs.group(1), str(int(st.group(1)) + int(ld.group(1) if ld else 0))
+
+
 def _nvidia_resources(ptx: str) -> tuple[str, str]:
     """(registers, spill bytes) from ptxas -v on the PTX, with the ptxas Triton ships."""
     import triton
@@ -314,7 +328,7 @@ def _build(job: dict[str, Any]) -> dict[str, Any]:
         if job["target"].startswith("hip"):
             _guard_hip_link()
         _LINK_NOTE.clear()
-        with _capture_stderr() as stderr:
+        with _capture_fds() as stderr:
             src = _ast_source(fn, args, constexprs(job["kernel"], job["BV"]))
             k = triton.compile(src, target=target,
                                options=dict(num_warps=job["num_warps"], num_stages=job["num_stages"]))
@@ -325,7 +339,9 @@ def _build(job: dict[str, Any]) -> dict[str, Any]:
             row["dots"], row["fma_dots"] = dot_lowering(asm["ttgir"])
         row["shared"] = getattr(k.metadata, "shared", "")
         if isinstance(asm.get("ptx"), str):
-            row["regs"], row["spills"] = _nvidia_resources(asm["ptx"])
+            # Triton ran ptxas -v itself; TRITON_DUMP_PTXAS_LOG made it print the log (captured above).
+            got = _ptxas_log_resources("\n".join(stderr))
+            row["regs"], row["spills"] = got if got else _nvidia_resources(asm["ptx"])
         elif isinstance(asm.get("amdgcn"), str):
             row["regs"], row["spills"] = _amd_resources(asm["amdgcn"])
             row["linked"] = "no" if _LINK_NOTE else "yes"
@@ -345,36 +361,59 @@ def _build(job: dict[str, Any]) -> dict[str, Any]:
 def _init_worker(cache_dir: str) -> None:
     os.environ["TRITON_CACHE_DIR"] = cache_dir
     os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # 3.9's default, stated (silences its warning)
+    os.environ["TRITON_DUMP_PTXAS_LOG"] = "1"  # registers and spills without a second ptxas run
 
 
-def run_jobs(job_list: list[dict[str, Any]], workers: int = 2, progress: bool = True,
-             desc: str = "compile") -> list[dict[str, Any]]:
+def run_jobs(job_list: list[dict[str, Any]], workers: int = 2, progress: bool = True, desc: str = "compile",
+             checkpoint: Path | None = None) -> list[dict[str, Any]]:
     """Build the jobs in a process pool (fresh Triton cache, so every build really compiles and prints its
-    diagnostics); results in job order."""
+    diagnostics); results in job order. With `checkpoint`, each finished row is appended there as a JSON line, and
+    jobs already in it are not built again (a long run can be resumed)."""
     from concurrent.futures import ProcessPoolExecutor, as_completed
     import multiprocessing as mp
+    done: dict[str, dict[str, Any]] = {}
+    if checkpoint is not None and checkpoint.exists():
+        for line in checkpoint.read_text().splitlines():
+            if line.strip():
+                r = json.loads(line)
+                done[_job_key(r)] = r
+    todo = [j for j in job_list if _job_key(j) not in done]
     cache = tempfile.mkdtemp(prefix="gdnlab-triton-cache-")
-    rows: list[dict[str, Any] | None] = [None] * len(job_list)
     bar = None
     if progress:
         try:
             from tqdm.auto import tqdm
-            bar = tqdm(total=len(job_list), desc=desc, unit="build")
+            bar = tqdm(total=len(job_list), initial=len(job_list) - len(todo), desc=desc, unit="build")
         except ImportError:
             bar = None
     try:
         with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"), initializer=_init_worker,
                                  initargs=(cache,)) as ex:
-            futs = {ex.submit(_build, j): i for i, j in enumerate(job_list)}
+            futs = [ex.submit(_build, j) for j in todo]
             for f in as_completed(futs):
-                rows[futs[f]] = f.result()
+                r = f.result()
+                done[_job_key(r)] = r
+                if checkpoint is not None:
+                    with open(checkpoint, "a") as fh:
+                        fh.write(json.dumps(r) + "\n")
                 if bar is not None:
                     bar.update(1)
     finally:
         if bar is not None:
             bar.close()
         shutil.rmtree(cache, ignore_errors=True)
-    return [r for r in rows if r is not None]
+    return [done[_job_key(j)] for j in job_list if _job_key(j) in done]
+
+
+def _job_key(j: dict[str, Any]) -> str:
+    return f"{j['target']}|{j['kernel']}|{j['BV']}|{j['num_warps']}|{j['num_stages']}"
+
+
+def _priority(j: dict[str, Any]) -> tuple:
+    """Build order: the shipped fused kernel first, the costliest (prologue: FMA-loop ieee dots) last."""
+    order = ["fused_shipped", "fwd_o", "fwd_h", "fused_fixed", "fused_nodowncast", "fused_fixed_nodowncast",
+             "l2norm", "prologue"]
+    return (order.index(j["kernel"]), j["num_stages"], j["num_warps"], j["BV"] or 0, j["target"])
 
 
 def kernels_sha() -> str:
@@ -566,7 +605,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=None, help="CSV to write (default: reports/tables/compile_matrix*.csv; "
                                                 "--quick writes nothing unless given)")
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--resume", action="store_true",
+                    help="keep the builds already in <out>.partial.jsonl (an interrupted run) and build the rest")
     ap.add_argument("--no-progress", action="store_true")
+    ap.add_argument("--collect", action="store_true",
+                    help="write the CSV from <out>.partial.jsonl (an interrupted run) without building")
     ap.add_argument("--worker", nargs=2, metavar=("JOBS_JSON", "ROWS_JSON"), help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.worker:
@@ -592,9 +635,34 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     job_list = jobs(quick=a.quick)
+    if a.collect:  # write the CSV from an interrupted run's checkpoint, building nothing
+        out = Path(a.out) if a.out else MATRIX_CSV
+        ckpt = out.with_suffix(".partial.jsonl")
+        got = {}
+        for line in (ckpt.read_text().splitlines() if ckpt.exists() else []):
+            if line.strip():
+                r = json.loads(line)
+                got[_job_key(r)] = r
+        rows = [got[_job_key(j)] for j in job_list if _job_key(j) in got]
+        sha = kernels_sha()
+        for r in rows:
+            r["static_check"] = _static(r)
+            r.setdefault("kernels_sha", sha)
+        _write(rows, out, MATRIX_COLUMNS)
+        print(f"wrote {out} from {ckpt.name}: {len(rows)}/{len(job_list)} builds")
+        return 0
     t0 = time.perf_counter()
     sha = kernels_sha()  # of the sources the spawned workers import now
-    rows = run_jobs(job_list, workers=a.workers, progress=not a.no_progress)
+    out = Path(a.out) if a.out else (None if a.quick else MATRIX_CSV)
+    ckpt = None
+    if out is not None:
+        ckpt = out.with_suffix(".partial.jsonl")
+        if not a.resume and ckpt.exists():
+            ckpt.unlink()
+    ordered = sorted(job_list, key=_priority)
+    rows = run_jobs(ordered, workers=a.workers, progress=not a.no_progress, checkpoint=ckpt)
+    index = {_job_key(j): i for i, j in enumerate(job_list)}
+    rows.sort(key=lambda r: index[_job_key(r)])
     for r in rows:
         r["static_check"] = _static(r)
         r["kernels_sha"] = sha
@@ -603,10 +671,11 @@ def main(argv: list[str] | None = None) -> int:
     ok = sum(r["status"] == "ok" for r in rows)
     print(f"{ok}/{len(rows)} builds ok in {wall:.0f} s wall ({sum(float(r['compile_s']) for r in rows):.0f} s of "
           f"compiling, {a.workers} workers)")
-    out = Path(a.out) if a.out else (None if a.quick else MATRIX_CSV)
     if out is not None:
         _write(rows, out, MATRIX_COLUMNS)
-        print(f"wrote {out}")
+        print(f"wrote {out}" + ("" if len(rows) == len(job_list) else f" (partial: {len(rows)}/{len(job_list)})"))
+        if ckpt is not None and len(rows) == len(job_list):
+            ckpt.unlink(missing_ok=True)
     return 0 if ok else 1
 
 

@@ -222,14 +222,31 @@ class Lowering:
     last: str
     outcome: str  # "matrix": a matrix instruction serves it (natively or padded); "fma": an FMA loop; "error"
     how: str
+    prints: str = ""  # a diagnostic the build prints on stderr for such a dot (and still succeeds)
     below: int = 16
 
     def small(self, d: Dot) -> bool:
         return min(d.M, d.N) < self.below
 
 
-#: Filled from reports/tables/compile_matrix_releases.csv (hip targets, every release) and compile_matrix.csv.
-SMALL_DOT_LOWERING: tuple[Lowering, ...] = ()
+REPORT_ERROR = "no matching matrix core intrinsic for wmma version 1 with instruction shape [0, 0, 64]"
+
+#: Measured: reports/tables/compile_matrix_releases.csv (hip targets, Triton 3.0-3.8, BV 8..64, 4 warps, 2 stages)
+#: and compile_matrix.csv (all targets, the installed Triton). Releases 3.0-3.2 never get here: their tl.dot
+#: assertion (FRONTEND_MIN) rejects the BV = 8 dots first. cuda before 3.9 was not measured.
+SMALL_DOT_LOWERING: tuple[Lowering, ...] = (
+    Lowering("hip:gfx1151", "3.3.0", "3.6.99", "fma",
+             "silently: the BV-wide dots become FMA loops on fp32-converted operands; no diagnostic"),
+    Lowering("hip:gfx1151", "3.7.0", "3.7.99", "fma",
+             "prints the report's error, then builds on: the BV-wide dots become FMA loops", prints=REPORT_ERROR),
+    Lowering("hip:gfx1151", "3.8.0", "3.9.99", "matrix",
+             "v_wmma_f32_16x16x16_bf16 on a padded tile"),
+    Lowering("hip:gfx942", "3.3.0", "3.4.99", "fma",
+             "silently: the BV-wide dots become FMA loops on fp32-converted operands; no diagnostic"),
+    Lowering("hip:gfx942", "3.5.0", "3.9.99", "matrix", "v_mfma_f32_4x4x4_16b_bf16 (16 blocks as a 64x4 / 4x64 tile)"),
+    Lowering("cuda:90", "3.9.0", "3.9.99", "matrix",
+             "wgmma m64n8k16 for N = 8; mma.sync m16n8k16 on a padded tile for M = 8"),
+)
 def _vkey(v: str) -> tuple[int, ...]:
     return tuple(int(x) for x in v.split("+")[0].split(".")[:3] if x.isdigit())
 
