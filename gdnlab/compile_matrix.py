@@ -405,6 +405,12 @@ def run_jobs(job_list: list[dict[str, Any]], workers: int = 2, progress: bool = 
     return [done[_job_key(j)] for j in job_list if _job_key(j) in done]
 
 
+def _checkpoint_path(out: Path) -> Path:
+    """Where an interrupted run of `out` keeps its finished builds (outside the repository)."""
+    return CACHE / "checkpoints" / (hashlib.sha256(str(out.resolve()).encode()).hexdigest()[:8] + "-" + out.stem
+                                    + ".partial.jsonl")
+
+
 def _job_key(j: dict[str, Any]) -> str:
     return f"{j['target']}|{j['kernel']}|{j['BV']}|{j['num_warps']}|{j['num_stages']}"
 
@@ -543,7 +549,29 @@ def _cell(r: "Any") -> str:
     if r["status"] != "ok":
         return "ERROR: " + str(r["error"])[:90]
     fma = f" (+{r['fma_dots']} FMA dot)" if str(r.get("fma_dots", "0")) not in ("", "0") else ""
-    return str(r["matrix_instr"]) + fma
+    diag = f" [prints {r['diagnostic'][:70]}…]" if r.get("diagnostic") else ""
+    return str(r["matrix_instr"]) + fma + diag
+
+
+def verdict(r: "Any") -> str:
+    """One word for a build, for a ROCm engineer: REJECTED (the build fails), FMA (a dot that has a matrix
+    instruction type on this target was left to an FMA loop: silent numerics change), FMA+ERRMSG (same, with an
+    'error:' printed while the build still succeeds), or MATRIX (every such dot on a matrix instruction)."""
+    if r["status"] != "ok":
+        return "REJECTED"
+    bv = None if str(r["BV"]) in ("", "<NA>", "None") else int(r["BV"])
+    chk = check_dot_shapes(r["target"], bv, r["kernel"], int(r["num_warps"]))
+    fma = sum(1 for x in str(r["dots"]).split(";") if x.endswith(":fma"))
+    if fma > len(chk.no_instr):
+        return "FMA+ERRMSG" if str(r.get("diagnostic", "")).startswith("error") else "FMA"
+    return "MATRIX"
+
+
+def legality_pivot(df: "Any", kernel: str = "fused_shipped", by: "Any" = "target") -> "Any":
+    """`by` x BV -> the verdicts of every build of `kernel` (distinct over warps/stages)."""
+    d = df[df["kernel"] == kernel].copy()
+    d["verdict"] = d.apply(verdict, axis=1)
+    return d.pivot_table(index=by, columns="BV", values="verdict", aggfunc=lambda x: "/".join(sorted(set(x))))
 
 
 def instr_pivot(df: "Any", kernel: str = "fused_shipped", by: str = "target") -> "Any":
@@ -606,10 +634,10 @@ def main(argv: list[str] | None = None) -> int:
                                                 "--quick writes nothing unless given)")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--resume", action="store_true",
-                    help="keep the builds already in <out>.partial.jsonl (an interrupted run) and build the rest")
+                    help="keep the builds of an interrupted run (checkpointed under ~/.cache/gdnlab) and build the rest")
     ap.add_argument("--no-progress", action="store_true")
     ap.add_argument("--collect", action="store_true",
-                    help="write the CSV from <out>.partial.jsonl (an interrupted run) without building")
+                    help="write the CSV from an interrupted run's checkpoint without building")
     ap.add_argument("--worker", nargs=2, metavar=("JOBS_JSON", "ROWS_JSON"), help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.worker:
@@ -637,7 +665,7 @@ def main(argv: list[str] | None = None) -> int:
     job_list = jobs(quick=a.quick)
     if a.collect:  # write the CSV from an interrupted run's checkpoint, building nothing
         out = Path(a.out) if a.out else MATRIX_CSV
-        ckpt = out.with_suffix(".partial.jsonl")
+        ckpt = _checkpoint_path(out)
         got = {}
         for line in (ckpt.read_text().splitlines() if ckpt.exists() else []):
             if line.strip():
@@ -656,7 +684,8 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(a.out) if a.out else (None if a.quick else MATRIX_CSV)
     ckpt = None
     if out is not None:
-        ckpt = out.with_suffix(".partial.jsonl")
+        ckpt = _checkpoint_path(out)
+        ckpt.parent.mkdir(parents=True, exist_ok=True)
         if not a.resume and ckpt.exists():
             ckpt.unlink()
     ordered = sorted(job_list, key=_priority)
