@@ -3,7 +3,6 @@ parsers of the build worker, and one real cross-target compile."""
 from __future__ import annotations
 
 import csv
-import time
 from pathlib import Path
 
 import pytest
@@ -182,13 +181,18 @@ def _agree(row: dict[str, str], version: str) -> None:
         assert row["matrix_instr"] != "none", where
 
 
-def test_matrix_csv_covers_every_config():
+def test_matrix_csv_rows_are_jobs_and_cover_the_shipped_kernel():
     rows = _rows(MATRIX_CSV)
-    got = sorted((r["target"], r["kernel"], r["BV"], r["num_warps"], r["num_stages"]) for r in rows)
-    want = sorted((j["target"], j["kernel"], "" if j["BV"] is None else str(j["BV"]), str(j["num_warps"]),
-                   str(j["num_stages"])) for j in jobs())
-    assert got == want
+    got = [(r["target"], r["kernel"], r["BV"], r["num_warps"], r["num_stages"]) for r in rows]
+    want = {(j["target"], j["kernel"], "" if j["BV"] is None else str(j["BV"]), str(j["num_warps"]),
+             str(j["num_stages"])) for j in jobs()}
+    assert len(got) == len(set(got)) and set(got) <= want  # a full run has every job; --collect may write fewer
+    shipped = {(t, bv, w, st) for t, k, bv, w, st in got if k == "fused_shipped"}
+    assert len(shipped) == len(jobs(kernels=("fused_shipped",)))  # every target x BV x warps x stages
     assert len({r["triton_version"] for r in rows}) == 1
+    for r in rows:
+        if r["status"] == "ok" and ds.kernel_dots(r["kernel"], _bv(r)):
+            assert r["matrix_instr"], r  # the instruction is named for every build that succeeded
 
 
 def test_static_check_agrees_with_the_matrix():
@@ -216,10 +220,9 @@ def test_real_compile_gfx942_fwd_o_bv8(tmp_path, monkeypatch):
     pytest.importorskip("triton.backends.amd.compiler")
     from gdnlab.compile_matrix import _build
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
-    t0 = time.perf_counter()
+    # About 5 s on an idle core (the smallest kernel with a BV-wide dot; the fused kernel takes 20-60 s).
     row = _build(dict(target="hip:gfx942", kernel="fwd_o", BV=8, num_warps=4, num_stages=2))
     assert row["status"] == "ok", row["error"]
     assert "v_mfma_f32_4x4x4_16b_bf16" in row["matrix_instr"]  # the 64x8 tiles, on the 16-block MFMA
     row["triton_version"] = row.get("triton_version", "")
     _agree({k: str(v) for k, v in row.items()}, row["triton_version"])
-    assert time.perf_counter() - t0 < 60
