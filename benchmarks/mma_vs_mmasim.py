@@ -9,9 +9,11 @@ compiled ``tl.dot`` walks K).
 Columns: model (the gdnlab model that computed: for tf32/fp32 operands the unit's model for them, see
 ``MMAModel.for_inputs``), input_type, mmasim_arch, instruction, k_total, cases (tiles), elements (output values), bit_exact_fraction
 (identical fp32 bit patterns, any NaN counted equal to any NaN), strict_bit_exact_fraction (NaN payloads must match
-too), tile_exact_fraction (tiles whose every output matches), mmasim_version, date, notes.
+too), tile_exact_fraction (tiles whose every output matches), mmasim_version, date, target (the key in
+``MMASIM_TARGETS`` or ``EXTRA_TARGETS``), notes (per-kind account of any difference; NaN payload differences).
 
-Run: ``.venv/bin/python benchmarks/mma_vs_mmasim.py [--tiles 10000] [--chain-tiles 2500] [--out PATH]``.
+Run: ``.venv/bin/python benchmarks/mma_vs_mmasim.py [--tiles 10000] [--chain-tiles 2500] [--out PATH]
+[--only TARGET,...]`` (``--only`` reruns those targets and keeps the other rows of an existing table).
 """
 from __future__ import annotations
 
@@ -109,6 +111,7 @@ def run_target(key: str, spec: dict, tiles: int, k_total: int, seed: int) -> dic
         tile_exact_fraction=f"{loose.reshape(tiles, -1).all(axis=1).mean():.6f}",
         mmasim_version=importlib.metadata.version("mmasim"),
         date=datetime.date.today().isoformat(),
+        target=key,
         notes=notes,
     )
     print(f"{key:22s} K={k_total:3d} tiles={tiles:6d} bit_exact={row['bit_exact_fraction']} "
@@ -123,11 +126,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--chain-tiles", type=int, default=2_500, help="tiles per chained (K=64) row")
     ap.add_argument("--seed", type=int, default=2025)
     ap.add_argument("--out", type=Path, default=ROOT / "reports" / "tables" / "mma_models_vs_mmasim.csv")
+    ap.add_argument("--only", default="", help="comma-separated targets to rerun (other rows of --out are kept)")
     args = ap.parse_args(argv)
     targets = dict(mma.MMASIM_TARGETS)
     targets.update(EXTRA_TARGETS)
+    only = [t for t in args.only.split(",") if t]
+    unknown = set(only) - set(targets)
+    if unknown:
+        ap.error(f"unknown targets {sorted(unknown)}; known: {list(targets)}")
+    kept = {}
+    if only and args.out.exists():
+        for r in csv.DictReader(open(args.out)):
+            kept.setdefault(r.get("target", ""), []).append(r)
     rows = []
     for j, (key, spec) in enumerate(targets.items()):
+        if only and key not in only:
+            rows.extend(kept.get(key, []))
+            continue
         k = spec["shape"][2]
         rows.append(run_target(key, spec, args.tiles, k, seed=args.seed + 2 * j))
         if args.chain_tiles:
