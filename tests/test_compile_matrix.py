@@ -220,6 +220,7 @@ def test_real_compile_gfx942_fwd_o_bv8(tmp_path, monkeypatch):
     pytest.importorskip("triton.backends.amd.compiler")
     from gdnlab.compile_matrix import _build
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", "1")
     # About 5 s on an idle core (the smallest kernel with a BV-wide dot; the fused kernel takes 20-60 s).
     row = _build(dict(target="hip:gfx942", kernel="fwd_o", BV=8, num_warps=4, num_stages=2))
     assert row["status"] == "ok", row["error"]
