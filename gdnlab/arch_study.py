@@ -133,7 +133,9 @@ def model_table(models: Sequence[str] = ALL_MODELS, seed: int = 0) -> pd.DataFra
         m = MODELS[name]
         rows.append(dict(env, model=name, kind=_kind(name), k_block=m.k_block, equivalent_to=m.equivalent_to,
                          description=m.description))
-    return pd.DataFrame(rows)
+    df = pd.DataFrame(rows)
+    df["k_block"] = df.k_block.astype("Int64")
+    return df
 
 
 # ------------------------------------------------------------------------------------------------------ running
