@@ -13,6 +13,7 @@ from typing import Any, Callable
 import torch
 
 from gdnlab import reference
+from gdnlab.kernels.fused import FIXED, SHIPPED
 from gdnlab.validate import Problem, check_inputs
 
 Backend = Callable[..., tuple[torch.Tensor, torch.Tensor | None]]
@@ -151,7 +152,7 @@ def fla_available() -> bool:
 _reference.validates_itself = True
 register_backend("reference", _reference)
 register_backend("two_kernel", _triton("two_kernel"))
-register_backend("fused_shipped", _triton("fused", downcast=True, intra_vnew=False))
-register_backend("fused_fixed", _triton("fused", downcast=True, intra_vnew=True))
+register_backend("fused_shipped", _triton("fused", **SHIPPED))
+register_backend("fused_fixed", _triton("fused", **FIXED))
 if fla_available():
     register_backend("fla", _fla)

@@ -200,11 +200,6 @@ def _interpreting() -> Iterator[None]:
         JITFunction.__call__ = saved
 
 
-def is_cuda(*tensors: torch.Tensor | None) -> bool:
-    """True when the tensors live on a CUDA device (compiled kernels), False on CPU (interpreter)."""
-    return any(t is not None and t.is_cuda for t in tensors)
-
-
 def launch(kernel: JITFunction, grid: Sequence[int], *args: Any, device: torch.device | str, **kwargs: Any) -> None:
     """Launch `kernel` compiled on CUDA, or interpreted with the numerics layer when `device` is the CPU."""
     global _INTERPRETING

@@ -18,8 +18,9 @@ from gdnlab.kernels.prologue import BT, ChunkPlan, Prologue
 from gdnlab.kernels.tiles import (absorb_all, chunk_output, gated_delta, inter_and_scores, load_rows, load_state,
                                   store_rows, store_state, w_times_h)
 
-SHIPPED = dict(DOWNCAST=True, INTRA_VNEW=False)
-FIXED = dict(DOWNCAST=True, INTRA_VNEW=True)
+#: The switches of the kernel as it shipped and as fixed (the options of `fused`).
+SHIPPED = dict(downcast=True, intra_vnew=False)
+FIXED = dict(downcast=True, intra_vnew=True)
 
 
 @triton.jit
