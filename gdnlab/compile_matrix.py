@@ -60,8 +60,9 @@ _ARGS: dict[str, tuple[str, str, dict[str, str]]] = {
     "l2norm": ("gdnlab.kernels.prologue", "l2norm_kernel",
                dict(x_ptr="*bf16", y_ptr="*bf16", n_rows="i32")),
     "prologue": ("gdnlab.kernels.prologue", "prologue_kernel",
-                 dict(k_ptr="*bf16", v_ptr="*bf16", g_ptr="*fp32", beta_ptr="*bf16", gcum_ptr="*fp32",
-                      w_ptr="*bf16", u_ptr="*bf16", cu_ptr="*i32", chunks_ptr="*i32")),
+                 dict(q_ptr="*bf16", k_ptr="*bf16", v_ptr="*bf16", g_ptr="*fp32", beta_ptr="*bf16", qn_ptr="*bf16",
+                      kn_ptr="*bf16", gcum_ptr="*fp32", w_ptr="*bf16", u_ptr="*bf16", cu_ptr="*i32",
+                      chunks_ptr="*i32")),
     "fwd_h": ("gdnlab.kernels.two_kernel", "fwd_h_kernel",
               dict(k_ptr="*bf16", u_ptr="*bf16", w_ptr="*bf16", gcum_ptr="*fp32", h_ptr="*bf16",
                    vnew_ptr="*bf16", h0_ptr="*fp32", ht_ptr="*fp32", cu_ptr="*i32", choff_ptr="*i32")),
@@ -81,7 +82,7 @@ def constexprs(kernel: str, BV: int | None) -> dict[str, Any]:
     if kernel == "l2norm":
         return dict(D=K, BD=K, BR=16)
     if kernel == "prologue":
-        return dict(H=H, HV=HV, K=K, V=V, BT=BT)
+        return dict(H=H, HV=HV, K=K, V=V, KP=K, VP=V, BT=BT, NORM=False, SOLVE="blocks")
     if kernel == "fwd_o":
         return dict(H=H, HV=HV, K=K, V=V, BV=BV, BT=BT)
     state = dict(H=H, HV=HV, K=K, V=V, BV=BV, HAS_H0=True, STORE_HT=True, STATE_V_FIRST=False)
@@ -638,6 +639,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-progress", action="store_true")
     ap.add_argument("--collect", action="store_true",
                     help="write the CSV from an interrupted run's checkpoint without building")
+    ap.add_argument("--kernels", default=None, metavar="K1,K2",
+                    help="rebuild only these kernels' rows and merge them into the existing CSV")
     ap.add_argument("--worker", nargs=2, metavar=("JOBS_JSON", "ROWS_JSON"), help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.worker:
@@ -663,6 +666,20 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     job_list = jobs(quick=a.quick)
+    keep: list[dict[str, Any]] = []  # rows of other kernels, kept when only some kernels are rebuilt
+    if a.kernels:
+        names = tuple(k.strip() for k in a.kernels.split(",") if k.strip())
+        unknown = set(names) - set(KERNELS)
+        if unknown or not names:
+            ap.error(f"--kernels: unknown {sorted(unknown)}; known: {', '.join(KERNELS)}")
+        full = job_list
+        job_list = [j for j in full if j["kernel"] in names]
+        old = Path(a.out) if a.out else MATRIX_CSV
+        if old.exists():
+            import pandas as pd
+            keep = [r for r in pd.read_csv(old, keep_default_na=False).to_dict("records") if r["kernel"] not in names]
+            for r in keep:
+                r["BV"] = None if r["BV"] in ("", None) else int(r["BV"])
     if a.collect:  # write the CSV from an interrupted run's checkpoint, building nothing
         out = Path(a.out) if a.out else MATRIX_CSV
         ckpt = _checkpoint_path(out)
@@ -691,10 +708,13 @@ def main(argv: list[str] | None = None) -> int:
     ordered = sorted(job_list, key=_priority)
     rows = run_jobs(ordered, workers=a.workers, progress=not a.no_progress, checkpoint=ckpt)
     index = {_job_key(j): i for i, j in enumerate(job_list)}
-    rows.sort(key=lambda r: index[_job_key(r)])
     for r in rows:
         r["static_check"] = _static(r)
         r["kernels_sha"] = sha
+    if keep:
+        index = {_job_key(j): i for i, j in enumerate(full)}
+        rows += [r for r in keep if _job_key(r) in index]
+    rows.sort(key=lambda r: index[_job_key(r)])
     wall = time.perf_counter() - t0
     print(summarize(rows))
     ok = sum(r["status"] == "ok" for r in rows)
@@ -702,8 +722,9 @@ def main(argv: list[str] | None = None) -> int:
           f"compiling, {a.workers} workers)")
     if out is not None:
         _write(rows, out, MATRIX_COLUMNS)
-        print(f"wrote {out}" + ("" if len(rows) == len(job_list) else f" (partial: {len(rows)}/{len(job_list)})"))
-        if ckpt is not None and len(rows) == len(job_list):
+        want = len(full) if keep else len(job_list)
+        print(f"wrote {out}" + ("" if len(rows) == want else f" (partial: {len(rows)}/{want})"))
+        if ckpt is not None and len(rows) == want:
             ckpt.unlink(missing_ok=True)
     return 0 if ok else 1
 

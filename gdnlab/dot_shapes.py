@@ -107,11 +107,12 @@ def kernel_dots(kernel: str, BV: int | None = None, K: int = 128, BT: int = 64) 
     if kernel == "l2norm":
         return []
     if kernel == "prologue":
+        # 16-row pieces of the chunk, K and V whole (padded to a power of two).
         return [
-            Dot("beta.K.K^T", BT, BT, kt),
-            Dot("solve_tril (diag blocks, ieee)", BT, BT, BT, "fp32"),
-            Dot("W = T.(beta exp(G) K)", BT, 64, BT),
-            Dot("U = T.(beta V)", BT, 64, BT),
+            Dot("beta.K.K^T (16x16 blocks)", 16, 16, K),
+            Dot("block substitution T_ij (ieee)", 16, 16, 16, "fp32"),
+            Dot("W = T.(beta exp(G) K) (per block)", 16, K, 16),
+            Dot("U = T.(beta V) (per block)", 16, K, 16),
         ]
     if kernel == "fwd_h":
         return [

@@ -2,6 +2,7 @@
 beta.K.K^T, its unit-lower-triangular inverse T = (I + A)^-1, and the WY factors W = T(beta exp(G) K), U = T(beta V).
 
 Rounding (DESIGN.md section 3): G and A are fp32; T is solved in fp32 and rounded to bf16; W and U are stored bf16.
+BT is fixed at 64 (the solve works on four 16-row blocks).
 """
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ from gdnlab.interp import launch
 from gdnlab.kernels.tiles import load_rows, store_rows
 
 BT = 64
+#: How the prologue finishes T = (I + A)^-1 after its 16x16 diagonal blocks (see _solve).
+SOLVE = "blocks"
 
 
 @triton.jit
@@ -28,55 +31,136 @@ def l2norm_kernel(x_ptr, y_ptr, n_rows, D: tl.constexpr, BD: tl.constexpr, BR: t
 
 
 @triton.jit
-def prologue_kernel(k_ptr, v_ptr, g_ptr, beta_ptr, gcum_ptr, w_ptr, u_ptr, cu_ptr, chunks_ptr,
-                    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr):
-    """One program per (chunk, value head): cumsum, A, solve_tril and W/U for that chunk."""
+def _keys(src_ptr, dst_ptr, rows, mrow, first, stride, D: tl.constexpr, DP: tl.constexpr, NORM: tl.constexpr,
+          STORE: tl.constexpr):
+    """A [BT, DP] tile of q or k. With NORM it is l2-normalised in fp32 and rounded to the input dtype, exactly as
+    l2norm_kernel does, and (STORE) stored for the later kernels by the value head with first == 0."""
+    x = load_rows(src_ptr, rows, mrow, stride, 0, DP, D)
+    if NORM:
+        xf = x.to(tl.float32)
+        x = (xf / tl.sqrt(tl.sum(xf * xf, 1) + 1e-6)[:, None]).to(x.dtype)
+        if STORE:
+            store_rows(dst_ptr, rows, mrow & (tl.zeros_like(rows) == first), stride, 0, x, DP, D)
+    return x
+
+
+@triton.jit
+def _block(a4, i: tl.constexpr, j: tl.constexpr):
+    """Block (i, j) of a [4, 16, 4, 16] view of a 64x64 matrix, exactly (a one-hot masked sum)."""
+    b = tl.arange(0, 4)
+    pick = (b == i)[:, None, None, None] & (b == j)[None, None, :, None]
+    return tl.sum(tl.sum(tl.where(pick, a4, 0.0), 2), 0)
+
+
+@triton.jit
+def _stack(x3, b: tl.constexpr):
+    """Block b of a [4, 16, 16] stack, exactly."""
+    return tl.sum(tl.where((tl.arange(0, 4) == b)[:, None, None], x3, 0.0), 0)
+
+
+@triton.jit
+def _inv_diag_blocks(a4):
+    """(I + D)^-1 for the four strictly lower-triangular 16x16 diagonal blocks D of a [4, 16, 4, 16] view, by
+    forward substitution in fp32, row by row, all four blocks at once as one [4, 16, 16] stack."""
+    b = tl.arange(0, 4)
+    d = tl.sum(tl.where((b[:, None] == b[None, :])[:, None, :, None], a4, 0.0), 2)
+    r = tl.arange(0, 16)
+    row_ids = r[None, :, None]
+    t = tl.where(row_ids == r[None, None, :], 1.0, 0.0) + tl.zeros([4, 16, 16], tl.float32)
+    for i in tl.static_range(1, 16):
+        d_i = tl.sum(tl.where(row_ids == i, d, 0.0), 1)
+        row = tl.where(r == i, 1.0, 0.0)[None, :] - tl.sum(d_i[:, :, None] * t, 1)
+        t = tl.where(row_ids == i, row[:, None, :], t)
+    return _stack(t, 0), _stack(t, 1), _stack(t, 2), _stack(t, 3)
+
+
+@triton.jit
+def _mm(a, b):
+    """A 16x16 fp32 product in full fp32 (the solve's precision)."""
+    return tl.dot(a, b, input_precision="ieee")
+
+
+@triton.jit
+def _place(acc, x, i: tl.constexpr, j: tl.constexpr):
+    """acc ([4, 16, 4, 16]) with the 16x16 block x added at block (i, j)."""
+    b = tl.arange(0, 4)
+    at = (b == i)[:, None, None, None] & (b == j)[None, None, :, None]
+    return acc + tl.where(at, x[None, :, None, :], 0.0)
+
+
+@triton.jit
+def _solve(a, BT: tl.constexpr, SOLVE: tl.constexpr):
+    """T = (I + a)^-1 for a strictly lower-triangular 64x64 fp32 a. The 16x16 diagonal blocks D_i are inverted by
+    forward substitution; then, by SOLVE:
+    "blocks": block substitution T_ij = -T_ii sum_{j<=m<i} A_im T_mj in 16x16 fp32 products;
+    "tf32x3" / "ieee": T = (I - N)(I + N^2) D^-1 with N = D^-1 (A - D), nilpotent (N^4 = 0), in four 64x64 dots
+    of that input precision."""
+    a4 = tl.reshape(a, [4, 16, 4, 16])
+    t00, t11, t22, t33 = _inv_diag_blocks(a4)
+    t = tl.zeros([4, 16, 4, 16], tl.float32)
+    if SOLVE == "blocks":
+        a10, a20, a21 = _block(a4, 1, 0), _block(a4, 2, 0), _block(a4, 2, 1)
+        a30, a31, a32 = _block(a4, 3, 0), _block(a4, 3, 1), _block(a4, 3, 2)
+        t10 = -_mm(t11, _mm(a10, t00))
+        t21 = -_mm(t22, _mm(a21, t11))
+        t20 = -_mm(t22, _mm(a20, t00) + _mm(a21, t10))
+        t32 = -_mm(t33, _mm(a32, t22))
+        t31 = -_mm(t33, _mm(a31, t11) + _mm(a32, t21))
+        t30 = -_mm(t33, _mm(a30, t00) + _mm(a31, t10) + _mm(a32, t20))
+        t = _place(_place(_place(_place(t, t00, 0, 0), t11, 1, 1), t22, 2, 2), t33, 3, 3)
+        t = _place(_place(_place(t, t10, 1, 0), t20, 2, 0), t21, 2, 1)
+        t = _place(_place(_place(t, t30, 3, 0), t31, 3, 1), t32, 3, 2)
+        return tl.reshape(t, [BT, BT])
+    else:
+        t = _place(_place(_place(_place(t, t00, 0, 0), t11, 1, 1), t22, 2, 2), t33, 3, 3)
+        r = tl.arange(0, BT)
+        d_inv = tl.reshape(t, [BT, BT])
+        eye = tl.where(r[:, None] == r[None, :], 1.0, 0.0)
+        n = tl.dot(d_inv, tl.where((r[:, None] // 16) == (r[None, :] // 16), 0.0, a), input_precision=SOLVE)
+        x = eye - n
+        x = x + tl.dot(x, tl.dot(n, n, input_precision=SOLVE), input_precision=SOLVE)
+        return tl.dot(x, d_inv, input_precision=SOLVE)
+
+
+@triton.jit
+def prologue_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, qn_ptr, kn_ptr, gcum_ptr, w_ptr, u_ptr, cu_ptr, chunks_ptr,
+                    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, KP: tl.constexpr,
+                    VP: tl.constexpr, BT: tl.constexpr, NORM: tl.constexpr, SOLVE: tl.constexpr):
+    """One program per (chunk, value head): [q/k l2-norm,] cumsum, A, T = (I + A)^-1 and W/U for that chunk.
+
+    A, W and U are whole-chunk tensor-core dots; the solve works on 16x16 blocks (see _solve), so no 64x64 fp32
+    product runs on the FMA units.
+    """
     i_c, i_hv = tl.program_id(0), tl.program_id(1)
     i_n = tl.load(chunks_ptr + 2 * i_c)
     i_t = tl.load(chunks_ptr + 2 * i_c + 1)
     bos = tl.load(cu_ptr + i_n).to(tl.int64)
     eos = tl.load(cu_ptr + i_n + 1).to(tl.int64)
     i_h = i_hv // (HV // H)
+    first = i_hv % (HV // H)  # 0 on the value head that stores the normalised q and k
     r = tl.arange(0, BT)
     rows = bos + i_t * BT + r
     mrow = rows < eos
 
-    g = tl.load(g_ptr + rows * HV + i_hv, mask=mrow, other=0.0).to(tl.float32)
-    g_cum = tl.cumsum(g, 0)
+    g_cum = tl.cumsum(tl.load(g_ptr + rows * HV + i_hv, mask=mrow, other=0.0).to(tl.float32), 0)
     tl.store(gcum_ptr + rows * HV + i_hv, g_cum, mask=mrow)
     beta = tl.load(beta_ptr + rows * HV + i_hv, mask=mrow, other=0.0).to(tl.float32)
+    if NORM:
+        _keys(q_ptr + i_h * K, qn_ptr + i_h * K, rows, mrow, first, H * K, K, KP, NORM, True)
+    kt = _keys(k_ptr + i_h * K, kn_ptr + i_h * K, rows, mrow, first, H * K, K, KP, NORM, True)
 
-    kh = k_ptr + i_h * K
-    a = tl.zeros([BT, BT], dtype=tl.float32)
-    for k0 in range(0, K, 64):
-        kt = load_rows(kh, rows, mrow, H * K, k0, 64, K)
-        a += tl.dot((kt.to(tl.float32) * beta[:, None]).to(kt.dtype), tl.trans(kt))
+    a = tl.dot((kt.to(tl.float32) * beta[:, None]).to(kt.dtype), tl.trans(kt))
     strict = (r[:, None] > r[None, :]) & mrow[:, None] & mrow[None, :]
     a = tl.where(strict, a * tl.exp(tl.where(strict, g_cum[:, None] - g_cum[None, :], 0.0)), 0.0)
+    t = _solve(a, BT, SOLVE).to(tl.bfloat16)
 
-    # T = (I + A)^-1 with D = I + (the 16x16 diagonal blocks of A) and N = D^-1 (the rest), which is nilpotent
-    # (N^4 = 0): T = (I - N)(I + N^2) D^-1. D^-1 by forward substitution, the same row of all four blocks per step.
-    eye = tl.where(r[:, None] == r[None, :], 1.0, 0.0)
-    same_blk = (r[:, None] // 16) == (r[None, :] // 16)
-    a_diag = tl.where(same_blk, a, 0.0)
-    t = eye
-    for i in range(1, 16):
-        t = tl.where((r % 16 == i)[:, None], eye - tl.dot(a_diag, t, input_precision="ieee"), t)
-    n = tl.dot(t, a - a_diag, input_precision="ieee")
-    x = eye - n
-    x = x + tl.dot(x, tl.dot(n, n, input_precision="ieee"), input_precision="ieee")
-    t = tl.dot(x, t, input_precision="ieee")
-    t = t.to(tl.bfloat16)
-
-    eg = tl.exp(g_cum)
-    for k0 in range(0, K, 64):
-        kt = load_rows(kh, rows, mrow, H * K, k0, 64, K)
-        kb = (kt.to(tl.float32) * (beta * eg)[:, None]).to(tl.bfloat16)
-        store_rows(w_ptr + i_hv * K, rows, mrow, HV * K, k0, tl.dot(t, kb), 64, K)
-    for v0 in range(0, V, 64):
-        vt = load_rows(v_ptr + i_hv * V, rows, mrow, HV * V, v0, 64, V)
-        vb = (vt.to(tl.float32) * beta[:, None]).to(tl.bfloat16)
-        store_rows(u_ptr + i_hv * V, rows, mrow, HV * V, v0, tl.dot(t, vb), 64, V)
+    kt = _keys(k_ptr + i_h * K, kn_ptr + i_h * K, rows, mrow, first, H * K, K, KP, NORM, False)  # reload: the
+    # solve's registers are the prologue's bottleneck, so k is not kept live across it
+    kb = (kt.to(tl.float32) * (beta * tl.exp(g_cum))[:, None]).to(tl.bfloat16)
+    store_rows(w_ptr + i_hv * K, rows, mrow, HV * K, 0, tl.dot(t, kb), KP, K)
+    vt = load_rows(v_ptr + i_hv * V, rows, mrow, HV * V, 0, VP, V)
+    vb = (vt.to(tl.float32) * beta[:, None]).to(tl.bfloat16)
+    store_rows(u_ptr + i_hv * V, rows, mrow, HV * V, 0, tl.dot(t, vb), VP, V)
 
 
 _PLANS: dict = {}
@@ -142,17 +226,23 @@ def l2norm(x: torch.Tensor, poison: bool = False) -> torch.Tensor:
     return y
 
 
-def run_prologue(q, k, v, g, beta, plan: ChunkPlan, use_qk_l2norm: bool, poison: bool = False) -> Prologue:
-    """Launch the shared prologue on flattened `[tokens, heads, D]` tensors."""
+def run_prologue(q, k, v, g, beta, plan: ChunkPlan, use_qk_l2norm: bool, poison: bool = False,
+                 fuse_norm: bool = False, num_warps: int = 4, solve: str = SOLVE) -> Prologue:
+    """Launch the shared prologue on flattened `[tokens, heads, D]` tensors. The q/k l2-norm runs as two launches
+    of l2norm_kernel (as the two-kernel pipeline does) or, with `fuse_norm`, inside the prologue kernel."""
     tokens, H, K = k.shape
     HV, V = v.shape[1], v.shape[2]
-    if use_qk_l2norm:
-        q, k = l2norm(q, poison), l2norm(k, poison)
     dev = k.device
+    norm_inside = use_qk_l2norm and fuse_norm
+    if use_qk_l2norm and not fuse_norm:
+        q, k = l2norm(q, poison), l2norm(k, poison)
+    qn = alloc(q.shape, q.dtype, dev, poison) if norm_inside else q
+    kn = alloc(k.shape, k.dtype, dev, poison) if norm_inside else k
     g_cum = alloc((tokens, HV), torch.float32, dev, poison)
     w = alloc((tokens, HV, K), torch.bfloat16, dev, poison)
     u = alloc((tokens, HV, V), torch.bfloat16, dev, poison)
     if plan.n_chunks:
-        launch(prologue_kernel, (plan.n_chunks, HV), k, v, g, beta, g_cum, w, u, plan.cu_seqlens, plan.chunks,
-               H=H, HV=HV, K=K, V=V, BT=BT, num_warps=4, device=dev)
-    return Prologue(q, k, g_cum, w, u)
+        launch(prologue_kernel, (plan.n_chunks, HV), q, k, v, g, beta, qn, kn, g_cum, w, u, plan.cu_seqlens,
+               plan.chunks, H=H, HV=HV, K=K, V=V, KP=triton.next_power_of_2(K), VP=triton.next_power_of_2(V),
+               BT=BT, NORM=norm_inside, SOLVE=solve, num_warps=num_warps, device=dev)
+    return Prologue(qn, kn, g_cum, w, u)
