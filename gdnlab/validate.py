@@ -85,7 +85,8 @@ def check_inputs(
     """Validate one gated-delta-rule call and return its :class:`Problem`.
 
     Shapes follow FLA: q, k ``[B,T,H,K]``; v ``[B,T,HV,V]`` with HV a multiple of H; g, beta ``[B,T,HV]``;
-    initial_state ``[N,HV,K,V]`` (``[N,HV,V,K]`` with ``state_v_first``); cu_seqlens 1-d integer ``[N+1]`` with B == 1.
+    initial_state ``[N,HV,K,V]`` (``[N,HV,V,K]`` with ``state_v_first``); cu_seqlens 1-d integer ``[N+1]`` with B == 1,
+    on q's device or on the cpu (a host copy makes a call capturable in a CUDA graph).
     With cu_seqlens the buffer may be longer than ``cu_seqlens[-1]``: the trailing rows are padding.
 
     Raises TypeError for wrong argument types or mixed float dtypes, ValueError for wrong shapes, devices or values.
@@ -138,10 +139,12 @@ def check_inputs(
 
     # ---- devices
     device = q.device
-    for name, x in (("k", k), ("v", v), ("g", g), ("beta", beta),
-                    ("initial_state", initial_state), ("cu_seqlens", cu_seqlens)):
+    for name, x in (("k", k), ("v", v), ("g", g), ("beta", beta), ("initial_state", initial_state)):
         if x is not None and x.device != device:
             raise ValueError(f"{name}: must be on q's device {device}, got {x.device}")
+    # cu_seqlens may also stay on the host: reading it then costs no device sync, so a call can be graph-captured.
+    if cu_seqlens is not None and cu_seqlens.device not in (device, torch.device("cpu")):
+        raise ValueError(f"cu_seqlens: must be on q's device {device} or on the cpu, got {cu_seqlens.device}")
 
     # ---- scale
     if scale is None:

@@ -24,3 +24,34 @@ def test_gpu_conformance_and_bit_equality(case):
     assert CUTEDSL_OUTPUT.check(o2[:, rows], ro[:, rows])[0]
     assert CUTEDSL_STATE.check(h2, rh)[0]
     assert torch.equal(of, o2) and torch.equal(hf, h2) and torch.equal(hs, h2)
+
+
+@pytest.mark.parametrize("backend", ["fast", "auto"])
+@pytest.mark.parametrize("case", CASES + ISOLATION, ids=lambda c: c.name)
+def test_gpu_fast_and_auto_within_budgets(case, backend):
+    inp = case.inputs("cuda")
+    kw = inp.kwargs()
+    ro, rh = recurrent_gated_delta_rule_ref(**kw)
+    rows = valid_rows(inp.cu_seqlens, inp.q.shape[1]).cuda()
+    o, h = gdnlab.chunk_gated_delta_rule(**kw, backend=backend, poison=True)
+    assert torch.isfinite(o).all() and torch.isfinite(h).all()
+    assert CUTEDSL_OUTPUT.check(o[:, rows], ro[:, rows])[0]
+    assert CUTEDSL_STATE.check(h.to(rh.dtype), rh)[0]
+
+
+def test_gpu_varlen_call_is_graph_capturable_with_host_cu_seqlens():
+    """cu_seqlens on the host: validation reads it without a device sync, so the call can be captured."""
+    from gdnlab.inputs import make_inputs
+    kw = make_inputs(seqlens=[100, 1, 64, 200], H=2, HV=4, K=64, V=64, seed=4, device="cuda").kwargs()
+    want, _ = gdnlab.chunk_gated_delta_rule(**kw, backend="two_kernel")
+    kw["cu_seqlens"] = kw["cu_seqlens"].cpu()
+    gdnlab.chunk_gated_delta_rule(**kw, backend="fast")  # compile and cache the chunk plan first
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        o, _ = gdnlab.chunk_gated_delta_rule(**kw, backend="fast")
+    o.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.isfinite(o).all()
+    assert CUTEDSL_OUTPUT.check(o, want)[0]

@@ -1,0 +1,34 @@
+"""gdnlab.auto: the written rule, and the "auto" backend running what it names."""
+import pytest
+import torch
+
+import gdnlab
+from gdnlab import auto
+from gdnlab.inputs import make_inputs
+
+
+@pytest.mark.parametrize("tokens,varlen,cuda,capturing,fla,want", [
+    (512, False, False, False, False, "fast"),       # CPU: the lab's kernels under the interpreter
+    (10 ** 6, False, True, False, False, "fast"),    # no fla installed
+    (512, False, True, True, True, "fla"),           # captured in a graph: device time only
+    (512, False, True, False, True, "fast"),         # eager and short: host-bound, fla's Python side dominates
+    (auto.EAGER_FLA_FROM - 1, False, True, False, True, "fast"),
+    (auto.EAGER_FLA_FROM, False, True, False, True, "fla"),
+    (65536, True, True, True, True, "fast"),         # varlen: fla cannot be captured and is slower eagerly
+])
+def test_rule(tokens, varlen, cuda, capturing, fla, want):
+    assert auto.choose(tokens, varlen, cuda, capturing, fla) == want
+
+
+def test_auto_runs_the_backend_it_names_on_cpu():
+    kw = make_inputs(B=2, T=70, H=1, HV=2, K=32, V=32, seed=6).kwargs()
+    o, h = gdnlab.chunk_gated_delta_rule(**kw, backend="auto", poison=True)
+    of, hf = gdnlab.chunk_gated_delta_rule(**kw, backend="fast")
+    assert torch.equal(o, of) and torch.equal(h, hf)
+
+
+def test_auto_validates_its_inputs():
+    kw = make_inputs(B=1, T=8, H=1, HV=1, K=16, V=16, seed=1).kwargs()
+    kw["beta"] = kw["beta"][:, :4]
+    with pytest.raises(ValueError, match="^beta"):
+        gdnlab.chunk_gated_delta_rule(**kw, backend="auto")
