@@ -328,8 +328,11 @@ def report_fit(sweep: pd.DataFrame, candidate: str = "fused_shipped", baseline: 
 
 
 def bv_sweep(bvs: Sequence[int], backends: Sequence[str], *, baseline: str = "two_kernel", seq_len: int = 128,
-             problem: Problem = Problem(), device: str | torch.device = "cpu", progress: bool = True) -> pd.DataFrame:
+             problem: Problem = Problem(), device: str | torch.device = "cpu", progress: bool = True,
+             num_warps: int | None = None) -> pd.DataFrame:
     """Output error of each backend at each BV (the baseline at its default BV only), one sequence of ``seq_len``.
+    ``num_warps`` (if given) goes to the lab's Triton backends (on the H200 with Triton 3.6, BV < 64 needs 8 warps:
+    reports/h200/probe_configs.csv).
 
     A BV that a compiled target (or a user's backend) refuses becomes a row with ``status`` holding the error's first
     line and NaN errors.
@@ -341,6 +344,8 @@ def bv_sweep(bvs: Sequence[int], backends: Sequence[str], *, baseline: str = "tw
     jobs = [(baseline, None)] + [(b, bv) for b in backends if b != baseline for bv in bvs]
     for b, bv in _bar(jobs, len(jobs), f"BV sweep T={seq_len}", progress):
         opts = {} if bv is None else {"BV": bv}
+        if num_warps is not None and b in _LAB_TRITON:
+            opts["num_warps"] = num_warps
         try:
             o, ht = run_backend(inp, b, **opts)
         except AssertionError:

@@ -70,7 +70,7 @@ NOTEBOOKS: tuple[NotebookSpec, ...] = (
         gpu_peers=("fla",)),
     NotebookSpec(
         "02_bv_sweep", "BV sweep at seq_len 128",
-        quick=dict(bvs=[32, 64], shape=_TINY), cuda=dict(shape=_CUTEDSL)),
+        quick=dict(bvs=[32, 64], shape=_TINY), cuda=dict(shape=_CUTEDSL, num_warps=8)),
     NotebookSpec(
         "03_isolation", "Isolation: where the fused kernel's error enters", quick=dict(shape=_TINY),
         gpu_peers=("fla",)),
