@@ -1,6 +1,6 @@
 """One device call on a CUDA GPU: check, compare and time every backend; write CSV/JSON under --out.
 
-    python3 benchmarks/h200.py --out $OUT [--parts env,conformance,mma,bench,breakdown]
+    python3 benchmarks/h200.py --out $OUT [--parts env,prologue,conformance,mma,bench,breakdown]
 
 Each part records its own failures instead of stopping the run, so one call yields everything it can. Results are
 committed under reports/h200/ with the device, driver, torch and Triton versions and the date (env.json).
@@ -32,7 +32,7 @@ from gdnlab.metrics import CUTEDSL_OUTPUT, CUTEDSL_STATE, errors, valid_rows  # 
 from gdnlab.reference import recurrent_gated_delta_rule_ref  # noqa: E402
 
 DEV = "cuda"
-TRITON_BACKENDS = ("two_kernel", "fused_shipped", "fused_fixed")
+TRITON_BACKENDS = ("two_kernel", "fused_shipped", "fused_fixed", "fast", "auto")
 
 
 def log(*a):
@@ -56,9 +56,9 @@ def env_info() -> dict:
 
 # ---- conformance on real tensor cores --------------------------------------------------------------------------
 
-def conformance(env: dict) -> pd.DataFrame:
+def conformance(env: dict, backends=None) -> pd.DataFrame:
     rows = []
-    backends = [b for b in gdnlab.BACKENDS if b != "reference"]
+    backends = backends or [b for b in gdnlab.BACKENDS if b != "reference"]
     for case in CASES + ISOLATION:
         inp = case.inputs(DEV)
         kw = inp.kwargs()
@@ -176,8 +176,16 @@ def _sets(B, T, set_bytes_target=512 * 1024 ** 2):
     return [one] + [_inputs(B, T, s) for s in range(1, n)]
 
 
+def _kwargs(inp, be: str) -> dict:
+    """A call's arguments; the lab's backends get cu_seqlens on the host, which makes a varlen call capturable."""
+    kw = inp.kwargs()
+    if kw.get("cu_seqlens") is not None and be != "fla":
+        kw["cu_seqlens"] = kw["cu_seqlens"].cpu()
+    return kw
+
+
 def time_backend(be, sets, **opts) -> tuple[float, float]:
-    calls = [lambda kw=s.kwargs(): gdnlab.chunk_gated_delta_rule(**kw, backend=be, **opts) for s in sets]
+    calls = [lambda kw=_kwargs(s, be): gdnlab.chunk_gated_delta_rule(**kw, backend=be, **opts) for s in sets]
     it = itertools.cycle(calls)
     eager = triton.testing.do_bench(lambda: next(it)(), warmup=25, rep=100, return_mode="median")
     graph = float("nan")
@@ -207,6 +215,7 @@ def bench(env: dict, bw: float, backends) -> pd.DataFrame:
             try:
                 ms, gms = time_backend(be, sets)
                 rows.append(dict(backend=be, B=B, T=T if T else tokens, tokens=tokens, ms=ms, graph_ms=gms,
+                                 seed=f"0..{len(sets) - 1} (rotated sets)",
                                  tokens_per_s=tokens / (min(ms, gms if gms == gms else ms) * 1e-3),
                                  floor_ms=floor_ms, error=""))
             except Exception as e:  # noqa: BLE001
@@ -221,13 +230,43 @@ def bench(env: dict, bw: float, backends) -> pd.DataFrame:
     return df
 
 
+def prologue_variants(env: dict) -> pd.DataFrame:
+    """The prologue alone, per way of finishing the solve (SOLVE), num_warps, and l2-norm inside or not: time,
+    and the largest difference of W and U from the default configuration (0: bit-equal)."""
+    rows = []
+    H, HV, K, V = QWEN["H"], QWEN["HV"], QWEN["K"], QWEN["V"]
+    for T in (512, 8192, 32768):
+        inp = _inputs(1, T, 0)
+        q, k, v = inp.q.reshape(T, H, K), inp.k.reshape(T, H, K), inp.v.reshape(T, HV, V)
+        g, beta = inp.g.reshape(T, HV), inp.beta.reshape(T, HV)
+        plan = ChunkPlan.build([(0, T)], q.device)
+        base = run_prologue(q, k, v, g, beta, plan, True)
+        for solve, nw, fuse in [(s, w, False) for s in ("blocks", "tf32x3", "ieee") for w in (2, 4, 8)] + \
+                               [("blocks", w, True) for w in (2, 4, 8)]:
+            f = lambda: run_prologue(q, k, v, g, beta, plan, True, fuse_norm=fuse, num_warps=nw, solve=solve)
+            try:
+                p2 = f()
+                t = triton.testing.do_bench(f, return_mode="median")
+                diff = max(float((getattr(p2, n).float() - getattr(base, n).float()).abs().max())
+                           for n in ("q", "k", "g_cum", "w", "u"))
+                rows.append(dict(T=T, solve=solve, num_warps=nw, l2norm_inside=fuse, ms=t, programs=plan.n_chunks * HV,
+                                 maxdiff_default=diff, finite=bool(torch.isfinite(p2.w).all() and torch.isfinite(p2.u).all())))
+            except Exception as e:  # noqa: BLE001
+                rows.append(dict(T=T, solve=solve, num_warps=nw, l2norm_inside=fuse, error=repr(e)[:300]))
+            log("prologue", T, solve, nw, fuse, rows[-1].get("ms"), rows[-1].get("maxdiff_default"))
+    df = pd.DataFrame(rows)
+    for key in ("device", "torch", "triton", "date"):
+        df[key] = env[key]
+    return df
+
+
 def breakdown(env: dict, ok_configs: set | None = None) -> pd.DataFrame:
     """Kernel-level times: prologue, two-kernel, fused per BV/warps; per-chunk cost and programs vs SMs. Only the
     (path, BV, num_warps) configs in ok_configs (those the crash-isolated probe ran correctly) are timed."""
     rows = []
     sms = env["sms"]
     allowed = lambda path, bv, nw: ok_configs is None or (path, bv, nw) in ok_configs
-    for T in (8192, 32768):
+    for T in (2048, 8192, 32768):
         inp = _inputs(1, T, 0)
         tok = T
         H, HV, K, V = QWEN["H"], QWEN["HV"], QWEN["K"], QWEN["V"]
@@ -270,8 +309,8 @@ def breakdown(env: dict, ok_configs: set | None = None) -> pd.DataFrame:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
-    ap.add_argument("--parts", default="env,conformance,mma,bench,breakdown")
-    ap.add_argument("--backends", default="", help="comma list for bench (default: all but reference)")
+    ap.add_argument("--parts", default="env,prologue,conformance,mma,bench,breakdown")
+    ap.add_argument("--backends", default="", help="comma list for conformance and bench (default: all but reference)")
     ap.add_argument("--probe", default="", help="probe CSV: path,BV,num_warps,status,... (breakdown times ok ones)")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
@@ -288,7 +327,9 @@ def main() -> int:
         # Timed only where the config ran and matched the two-kernel path at BV=64 bit for bit.
         ok = {(c[0], int(c[1]), int(c[2])) for c in cells if c[3] == "ok" and c[4] == "True" and c[5].startswith("True")}
         ok |= {("two_kernel", 64, 4), ("fused", 64, 4)}  # the defaults: checked by the conformance part
-    jobs = dict(conformance=lambda: conformance(env), mma=lambda: mma_hardware(env),
+    chosen = args.backends.split(",") if args.backends else None
+    jobs = dict(conformance=lambda: conformance(env, chosen), mma=lambda: mma_hardware(env),
+                prologue=lambda: prologue_variants(env),
                 breakdown=lambda: breakdown(env, ok))
     if "bench" in parts:
         bw = copy_bandwidth()
@@ -302,7 +343,7 @@ def main() -> int:
         t0 = time.time()
         try:
             df = jobs[part]()
-            name = {"mma": "mma_model_vs_hardware"}.get(part, part)
+            name = {"mma": "mma_model_vs_hardware", "prologue": "prologue_variants"}.get(part, part)
             df.to_csv(os.path.join(args.out, f"{name}.csv"), index=False)
             log(part, f"done in {time.time() - t0:.0f}s")
             print(df.to_string(max_rows=60, max_colwidth=40), flush=True)
