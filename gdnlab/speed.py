@@ -1,0 +1,153 @@
+"""Speed results from a device benchmark (reports/h200/bench.csv, written by benchmarks/h200.py): the tables, the
+issue's targets checked row by row, the findings they support, and the time-vs-tokens figure."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import pandas as pd
+from matplotlib.figure import Figure
+
+from gdnlab.findings import Finding, _fail
+
+__all__ = ["default_bench", "load_bench", "speed_table", "targets", "fix_is_free", "faster_eager", "versus",
+           "time_vs_tokens", "floor_fraction"]
+
+TIMINGS = {"ms": "eager", "graph_ms": "graph"}
+
+
+def default_bench() -> Path:
+    """The committed H200 benchmark."""
+    return Path(__file__).resolve().parents[1] / "reports" / "h200" / "bench.csv"
+
+
+def load_bench(path: str | Path | None = None) -> pd.DataFrame:
+    """The benchmark rows that ran, with a `shape` label ("1x512", "8x2048", "varlen") and `tokens` as int."""
+    df = pd.read_csv(path or default_bench())
+    if "error" in df:
+        df = df[df["error"].isna() | (df["error"] == "")]
+    df = df.copy()
+    df["shape"] = [("varlen" if b == "varlen" else f"{b}x{int(t)}") for b, t in zip(df.B, df["T"])]
+    df["tokens"] = df["tokens"].astype(int)
+    if "seed" not in df:  # benchmarks/h200.py rotates input sets drawn with seeds 0 .. n-1 (n <= 8)
+        df["seed"] = "0..n-1 (rotated sets)"
+    return df
+
+
+def _order(df: pd.DataFrame) -> list[str]:
+    """Shapes as benchmarked: one sequence by length, then batches, then the ragged batch."""
+    first = df.drop_duplicates("shape")
+    key = {r.shape: (str(r.B) == "varlen", 0 if str(r.B) == "varlen" else int(r.B), r.tokens) for r in first.itertuples()}
+    return sorted(key, key=key.get)
+
+
+def speed_table(bench: pd.DataFrame, timing: str = "graph_ms") -> pd.DataFrame:
+    """Milliseconds per shape (rows, in benchmark order) and backend (columns)."""
+    t = bench.pivot_table(index="shape", columns="backend", values=timing)
+    return t.loc[[s for s in _order(bench) if s in t.index]]
+
+
+def _ratio(bench: pd.DataFrame, a: str, b: str, timing: str) -> pd.Series:
+    t = speed_table(bench, timing)
+    return (t[a] / t[b]).dropna() if a in t and b in t else pd.Series(dtype=float)
+
+
+def targets(bench: pd.DataFrame, small_tokens: int = 4096) -> pd.DataFrame:
+    """Issue 6's targets, one row per (target, shape, timing): the measured ratio, the goal, and whether it is met.
+
+    - fix free: fused_fixed / fused_shipped <= 1.05, both timings;
+    - fast vs FLA: fast / fla <= 1 in graph timing; fla / fast >= 1.2 eagerly for B*T <= small_tokens;
+    - auto: auto / fastest <= 1.05 eagerly and <= 1.10 in graph timing.
+    """
+    rows = []
+    env = bench[[c for c in ("device", "torch", "triton", "date", "seed") if c in bench]].iloc[0].to_dict()
+
+    def add(name: str, ratios: pd.Series, timing: str, goal: float, at_most: bool) -> None:
+        for shape, r in ratios.items():
+            rows.append(dict(env, target=name, shape=shape, timing=TIMINGS[timing], ratio=float(r),
+                             goal=("<= " if at_most else ">= ") + f"{goal:g}",
+                             met=bool(r <= goal) if at_most else bool(r >= goal)))
+
+    for tm in TIMINGS:
+        add("fused_fixed / fused_shipped", _ratio(bench, "fused_fixed", "fused_shipped", tm), tm, 1.05, True)
+    add("fast / fla", _ratio(bench, "fast", "fla", "graph_ms"), "graph_ms", 1.0, True)
+    small = bench[bench.tokens <= small_tokens]
+    add("fla / fast", _ratio(small, "fla", "fast", "ms"), "ms", 1.2, False)
+    for tm, goal in (("ms", 1.05), ("graph_ms", 1.10)):
+        t = speed_table(bench, tm)
+        if "auto" in t:
+            add("auto / fastest", (t["auto"] / t.drop(columns="auto").min(axis=1)).dropna(), tm, goal, True)
+    return pd.DataFrame(rows)
+
+
+def fix_is_free(bench: pd.DataFrame, tol: float = 0.05) -> Finding:
+    """fused_fixed is within `tol` of fused_shipped at every size, eager and graph-replayed."""
+    worst = {TIMINGS[tm]: _ratio(bench, "fused_fixed", "fused_shipped", tm) for tm in TIMINGS}
+    if any(r.empty for r in worst.values()):
+        raise _fail("fix_is_free: the benchmark lacks fused_fixed or fused_shipped", list(bench.backend.unique()))
+    hi = {k: float(r.max()) for k, r in worst.items()}
+    if max(hi.values()) > 1 + tol:
+        raise _fail(f"the fix costs more than {tol:.0%} somewhere", {k: r.round(3).to_dict() for k, r in worst.items()})
+    return Finding(f"The fix is free: fused_fixed takes at most {hi['eager']:.3f}x (eager) and {hi['graph']:.3f}x "
+                   f"(graph) the time of fused_shipped across {len(worst['graph'])} sizes.", hi)
+
+
+def faster_eager(bench: pd.DataFrame, a: str = "fast", b: str = "fla", factor: float = 1.2,
+                 small_tokens: int = 4096) -> Finding:
+    """`a` is at least `factor` times faster than `b` in eager calls at every size of B*T <= small_tokens."""
+    r = _ratio(bench[bench.tokens <= small_tokens], b, a, "ms")
+    if r.empty or r.min() < factor:
+        raise _fail(f"{a} is not {factor}x faster than {b} eagerly at every B*T <= {small_tokens}", r.round(3).to_dict())
+    return Finding(f"Called eagerly, {a} is {r.min():.2f}-{r.max():.2f}x faster than {b} at every size with "
+                   f"B*T <= {small_tokens} ({len(r)} sizes): {b} spends most of a short call on the host.",
+                   r.to_dict())
+
+
+def versus(bench: pd.DataFrame, a: str, b: str, timing: str = "graph_ms") -> Finding:
+    """Where `a` is faster than `b` and by how much it trails elsewhere, as measured (no threshold asserted)."""
+    r = _ratio(bench, a, b, timing)
+    if r.empty:
+        raise _fail(f"versus: no sizes with both {a} and {b}", list(bench.backend.unique()))
+    wins, loses = r[r <= 1], r[r > 1]
+    txt = f"In {TIMINGS[timing]} timing {a} is faster than {b} at {len(wins)} of {len(r)} sizes"
+    txt += f" ({', '.join(wins.index)})" if len(wins) else ""
+    if len(loses):
+        txt += (f"; elsewhere it takes {loses.min():.2f}-{loses.max():.2f}x {b}'s time "
+                f"(worst at {loses.idxmax()})")
+    return Finding(txt + ".", r.to_dict())
+
+
+def time_vs_tokens(bench: pd.DataFrame, backends: list[str] | None = None) -> Figure:
+    """Milliseconds vs tokens per backend, eager and graph-replayed, one sequence per call (B = 1, lines) and the
+    batched / ragged shapes (markers); the memory floor dashed."""
+    backends = backends or list(dict.fromkeys(bench.backend))
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.6), sharey=True)
+    colors = dict(zip(backends, plt.rcParams["axes.prop_cycle"].by_key()["color"] * 3))
+    dense = bench[bench.B.astype(str) == "1"].sort_values("tokens")
+    other = bench[bench.B.astype(str) != "1"]
+    for ax, (tm, label) in zip(axes, TIMINGS.items()):
+        for be in backends:
+            d = dense[dense.backend == be]
+            ax.plot(d.tokens, d[tm], marker="o", ms=4, color=colors[be], label=be)
+            o = other[(other.backend == be) & other[tm].notna()]
+            ax.scatter(o.tokens, o[tm], marker="s", s=28, color=colors[be], edgecolor="k", lw=0.5)
+        fl = dense.drop_duplicates("tokens")
+        ax.plot(fl.tokens, fl.floor_ms, ls="--", color="0.4", label="memory floor")
+        for _, o in other.drop_duplicates("shape").iterrows():
+            ax.annotate(o["shape"], (o.tokens, o.floor_ms), fontsize=7, color="0.3", xytext=(3, -10),
+                        textcoords="offset points")
+        ax.set(xscale="log", yscale="log", xlabel="tokens (B x T)", title=f"{label}")
+        ax.grid(True, which="both", alpha=0.25)
+    axes[0].set_ylabel("ms per call")
+    axes[1].legend(fontsize=8, loc="upper left")
+    dev = bench.device.iloc[0] if "device" in bench else ""
+    fig.suptitle(f"GDN prefill time vs tokens, {dev} (squares: 8x2048 and a ragged batch)")
+    fig.tight_layout()
+    return fig
+
+
+def floor_fraction(bench: pd.DataFrame, timing: str = "graph_ms") -> pd.DataFrame:
+    """Memory floor / measured time per shape and backend: how far each is from moving bytes at copy speed."""
+    t = speed_table(bench, timing)
+    fl = bench.drop_duplicates("shape").set_index("shape").floor_ms.reindex(t.index)
+    return t.rdiv(fl, axis=0)
