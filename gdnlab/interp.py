@@ -184,6 +184,16 @@ def _call_interpreted(self: JITFunction, *args: Any, **kwargs: Any) -> Any:
     return _interpreted(self).rewrite()(*args, **kwargs)
 
 
+_STOCK_PATCH_LANG_TENSOR = _ti._patch_lang_tensor
+
+
+def _patch_lang_tensor(tensor: Any, scope: Any) -> None:
+    """Triton's own tensor patching, with __index__ as Triton 3.7+ has it: a loop bound computed from a loaded
+    scalar holds a one-element array, which Triton < 3.7 converts with int() and NumPy 2 refuses unless squeezed."""
+    _STOCK_PATCH_LANG_TENSOR(tensor, scope)
+    scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.squeeze()))
+
+
 @contextlib.contextmanager
 def _interpreting() -> Iterator[None]:
     """Let `@triton.jit` device functions (ours and triton.language's, e.g. tl.sum) be called from an
@@ -191,12 +201,15 @@ def _interpreting() -> Iterator[None]:
     saved = JITFunction.__call__
     JITFunction.__call__ = _call_interpreted
     # Both triton.language and triton.language.core (which tl.sum, tl.cdiv, ... see) stay patched for the launch.
+    saved_tensor_patch = _ti._patch_lang_tensor
+    _ti._patch_lang_tensor = _patch_lang_tensor
     scope = _ti._patch_lang(tl.standard.sum.fn)
     try:
         with numerics_layer():
             yield
     finally:
         scope.restore()
+        _ti._patch_lang_tensor = saved_tensor_patch
         JITFunction.__call__ = saved
 
 
