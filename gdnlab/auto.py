@@ -2,8 +2,8 @@
 for a call from its shape and context, without timing anything per call.
 
 What the H200 benchmark (Qwen3-Next layer shape) showed, and the rule it gives:
-- Replayed in a CUDA graph, device time is all that counts: flash-linear-attention ("fla") is fastest at every
-  size but one (at 512 tokens the two-kernel path ties with it; for 8 x 2048 "fast" is 3% faster). fla cannot be
+- Replayed in a CUDA graph, device time is all that counts: flash-linear-attention ("fla") is fastest from 1024
+  tokens up (for 8 x 2048 "fast" is 3% faster); at 512 tokens the two-kernel path ties with it. fla cannot be
   captured with cu_seqlens (it copies them to the host), so a captured varlen call goes to the lab.
 - Called eagerly, fla pays ~0.8-1 ms of host work per call, so the lab's kernels win up to 16384 tokens and fla
   from 32768 on; the switch sits between the two measured sizes (``EAGER_FLA_FROM``). Below ~4096 tokens every
@@ -19,8 +19,8 @@ import torch
 
 #: Fewest tokens (B*T) from which an eager call goes to fla: between the measured 16384 (lab faster) and 32768.
 EAGER_FLA_FROM = 24576
-#: Fewest tokens from which a call captured in a CUDA graph goes to fla.
-GRAPH_FLA_FROM = 0
+#: Fewest tokens from which a call captured in a CUDA graph goes to fla (the setting reports/h200/bench.csv measured).
+GRAPH_FLA_FROM = 1024
 #: The lab's backend the rule falls back on.
 LAB = "fast"
 

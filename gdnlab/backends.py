@@ -72,20 +72,10 @@ def _reference(q, k, v, g, beta, **kw: Any):
     return reference.recurrent_gated_delta_rule_ref(q, k, v, g, beta, **kw)
 
 
-def prologue_warps_for(programs: int, device: torch.device) -> int:
-    """The prologue's num_warps for "fast": 2 once there are at least two programs per SM (fewer registers per
-    program, more of them resident: 0.28 vs 0.40 ms at 4096 programs on the H200), else 4 (with under two programs
-    per SM, 2 warps only lengthen each one: 0.076 vs 0.066 ms graph time at 256 programs). See reports/h200/."""
-    if torch.device(device).type != "cuda":
-        return 4
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
-    return 2 if programs >= 2 * sms else 4
-
-
 def _triton(path: str, **defaults: Any) -> Backend:
     """A backend that runs the lab's Triton kernels: `path` is "two_kernel" or "fused". Every path takes the
-    prologue's options too: `prologue_warps` (its num_warps; None: by size, see prologue_warps_for) and `fuse_norm`
-    (the q/k l2-norm inside the prologue instead of two launches of its own)."""
+    prologue's options too: `prologue_warps` (its num_warps) and `fuse_norm` (the q/k l2-norm inside the prologue
+    instead of two launches of its own)."""
 
     def run(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
             use_qk_l2norm_in_kernel=False, cu_seqlens=None, state_v_first=False, **options: Any):
@@ -110,10 +100,7 @@ def _triton(path: str, **defaults: Any) -> Backend:
             return x.reshape(tokens, *x.shape[2:]).to(dtype or x.dtype).contiguous()
 
         plan = ChunkPlan.build(p.seq_bounds, q.device)
-        pro_warps = opts.pop("prologue_warps", 4)
-        if pro_warps is None:
-            pro_warps = prologue_warps_for(plan.n_chunks * p.HV, q.device)
-        pro_opts = dict(fuse_norm=bool(opts.pop("fuse_norm", False)), num_warps=int(pro_warps))
+        pro_opts = dict(fuse_norm=bool(opts.pop("fuse_norm", False)), num_warps=int(opts.pop("prologue_warps", 4)))
         vf = flat(v)
         pro = run_prologue(flat(q), flat(k), vf, flat(g, torch.float32), flat(beta), plan, use_qk_l2norm_in_kernel,
                            poison, **pro_opts)
@@ -173,7 +160,8 @@ register_backend("reference", _reference)
 register_backend("two_kernel", _triton("two_kernel"))
 register_backend("fused_shipped", _triton("fused", **SHIPPED))
 register_backend("fused_fixed", _triton("fused", **FIXED))
-register_backend("fast", _triton("two_kernel", prologue_warps=None))
+# "fast": 2 prologue warps (0.28 vs 0.40 ms at T = 8192, reports/h200/prologue_variants.csv; benchmarks/NOTES.md).
+register_backend("fast", _triton("two_kernel", prologue_warps=2))
 if fla_available():
     register_backend("fla", _fla)
 register_backend("auto", auto_backend)
