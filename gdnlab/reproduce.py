@@ -36,7 +36,8 @@ from typing import Any
 from tqdm import tqdm
 
 __all__ = ["NotebookSpec", "NOTEBOOKS", "DEFAULT_BACKENDS", "notebooks_dir", "default_out", "gpu_slug",
-           "ensure_kernel", "notebook_parameters", "declared_parameters", "discover", "reproduce", "write_index"]
+           "ensure_kernel", "notebook_parameters", "declared_parameters", "discover", "reproduce", "write_index",
+           "add_target_jupyter_path"]
 
 #: The lab's own backends, run in every notebook; a user's --backend is added to them.
 DEFAULT_BACKENDS = ["two_kernel", "fused_shipped", "fused_fixed"]
@@ -282,6 +283,21 @@ def _environment(device: str) -> dict[str, str]:
                 python=sys.version.split()[0])
 
 
+def add_target_jupyter_path(package_file: str | Path | None = None) -> Path | None:
+    """Put the `share/jupyter` folder next to nbconvert on JUPYTER_PATH: `pip install --target DIR` (how wheels are
+    carried to a machine without a registry) leaves nbconvert's HTML templates in DIR/share/jupyter, where Jupyter
+    does not look. Returns the folder added, or None."""
+    if package_file is None:
+        import nbconvert
+        package_file = nbconvert.__file__
+    share = Path(package_file).resolve().parents[1] / "share" / "jupyter"
+    paths = [p for p in os.environ.get("JUPYTER_PATH", "").split(os.pathsep) if p]
+    if not (share / "nbconvert" / "templates").is_dir() or str(share) in paths:
+        return None
+    os.environ["JUPYTER_PATH"] = os.pathsep.join(paths + [str(share)])
+    return share
+
+
 def reproduce(*, device: str = "cpu", backend: str | None = None, plugins: Sequence[str] = (), quick: bool = False,
               out: str | Path | None = None, only: Sequence[str] = (), jobs: int | None = None,
               kernel: str | None = None, specs: Sequence[NotebookSpec] | None = None,
@@ -302,6 +318,7 @@ def reproduce(*, device: str = "cpu", backend: str | None = None, plugins: Seque
         if not torch.cuda.is_available():
             print("gdnlab reproduce: --device cuda but no CUDA device is available", file=sys.stderr)
             return 2
+    add_target_jupyter_path()
     # Plugins must import both here (to check --backend) and in each notebook's kernel, which starts in notebooks/.
     os.environ["PYTHONPATH"] = os.pathsep.join([os.getcwd(), *filter(None, [os.environ.get("PYTHONPATH")])])
     if os.getcwd() not in sys.path:

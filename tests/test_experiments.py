@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -225,3 +226,19 @@ def test_reproduce_usage_errors(tmp_path):
     assert reproduce(out=tmp_path, plugins=["no_such_module_xyz"], progress=False) == 2
     assert reproduce(out=tmp_path, device="tpu", progress=False) == 2
     assert isinstance(NotebookSpec("x", "y").quick, dict)
+
+
+def test_templates_of_a_target_install_are_found(tmp_path, monkeypatch):
+    """pip install --target DIR puts nbconvert's templates in DIR/share/jupyter: reproduce adds it to JUPYTER_PATH,
+    once, and leaves a normal install (no such folder) alone."""
+    from gdnlab.reproduce import add_target_jupyter_path
+    pkg = tmp_path / "site" / "nbconvert" / "__init__.py"
+    pkg.parent.mkdir(parents=True)
+    pkg.touch()
+    monkeypatch.setenv("JUPYTER_PATH", "/elsewhere")
+    assert add_target_jupyter_path(pkg) is None  # no templates there
+    (tmp_path / "site" / "share" / "jupyter" / "nbconvert" / "templates").mkdir(parents=True)
+    share = add_target_jupyter_path(pkg)
+    assert share == (tmp_path / "site" / "share" / "jupyter").resolve()
+    assert os.environ["JUPYTER_PATH"].split(os.pathsep) == ["/elsewhere", str(share)]
+    assert add_target_jupyter_path(pkg) is None  # already there
