@@ -10,8 +10,8 @@ from matplotlib.figure import Figure
 
 from gdnlab.findings import Finding, _fail
 
-__all__ = ["default_bench", "load_bench", "speed_table", "targets", "fix_is_free", "faster_eager", "versus",
-           "time_vs_tokens", "floor_fraction"]
+__all__ = ["default_bench", "load_bench", "load_bench_frame", "speed_table", "targets", "fix_is_free", "faster_eager", "versus",
+           "time_vs_tokens", "floor_fraction", "far_from_floor"]
 
 TIMINGS = {"ms": "eager", "graph_ms": "graph"}
 
@@ -23,7 +23,11 @@ def default_bench() -> Path:
 
 def load_bench(path: str | Path | None = None) -> pd.DataFrame:
     """The benchmark rows that ran, with a `shape` label ("1x512", "8x2048", "varlen") and `tokens` as int."""
-    df = pd.read_csv(path or default_bench())
+    return load_bench_frame(pd.read_csv(path or default_bench()))
+
+
+def load_bench_frame(df: pd.DataFrame) -> pd.DataFrame:
+    """:func:`load_bench` on a table already in memory."""
     if "error" in df:
         df = df[df["error"].isna() | (df["error"] == "")]
     df = df.copy()
@@ -116,6 +120,16 @@ def versus(bench: pd.DataFrame, a: str, b: str, timing: str = "graph_ms") -> Fin
         txt += (f"; elsewhere it takes {loses.min():.2f}-{loses.max():.2f}x {b}'s time "
                 f"(worst at {loses.idxmax()})")
     return Finding(txt + ".", r.to_dict())
+
+
+def far_from_floor(bench: pd.DataFrame, at_most: float = 0.25, timing: str = "graph_ms") -> Finding:
+    """Every backend at every size takes at least 1/at_most times the memory floor: none is memory-bound."""
+    fr = floor_fraction(bench, timing)
+    hi = float(fr.max().max())
+    if not hi <= at_most:
+        raise _fail(f"some backend reaches more than {at_most:.0%} of the memory floor", fr.round(3).to_dict())
+    return Finding(f"No path is memory-bound: the bytes that must move take {float(fr.min().min()):.1%}-{hi:.1%} of "
+                   f"the measured ({TIMINGS[timing]}) time, for every backend and size.", dict(max=hi))
 
 
 def time_vs_tokens(bench: pd.DataFrame, backends: list[str] | None = None) -> Figure:

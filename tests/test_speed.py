@@ -1,0 +1,51 @@
+"""gdnlab.speed on a small synthetic benchmark (and the committed H200 one): targets, findings, figure."""
+import math
+
+import pandas as pd
+import pytest
+
+from gdnlab import speed
+
+ENV = dict(device="GPU-X", torch="t", triton="3.6.0", date="d1", floor_ms=0.01, error="")
+
+
+def _bench(rows):
+    return pd.DataFrame([dict(ENV, backend=b, B=1, T=t, tokens=t, ms=ms, graph_ms=g) for b, t, ms, g in rows])
+
+
+def _synthetic(fixed=1.01, fast_graph=0.9):
+    rows = []
+    for t in (512, 8192):
+        rows += [("fused_shipped", t, 1.0, 0.5), ("fused_fixed", t, 1.0 * fixed, 0.5 * fixed),
+                 ("fla", t, 1.5, 0.4), ("fast", t, 0.5, 0.4 * fast_graph), ("auto", t, 0.52, 0.4 * fast_graph)]
+    return speed.load_bench_frame(_bench(rows))
+
+
+def test_targets_are_computed_row_by_row():
+    tg = speed.targets(_synthetic())
+    by = tg.set_index(["target", "shape", "timing"])
+    assert by.loc[("fused_fixed / fused_shipped", "1x512", "eager"), "met"]
+    assert math.isclose(by.loc[("fla / fast", "1x512", "eager"), "ratio"], 3.0)
+    assert by.loc[("fast / fla", "1x8192", "graph"), "met"]
+    assert math.isclose(by.loc[("auto / fastest", "1x512", "eager"), "ratio"], 0.52 / 0.5)
+    assert {"device", "torch", "triton", "seed"} <= set(tg.columns)
+    slow = speed.targets(_synthetic(fast_graph=1.2)).set_index(["target", "shape", "timing"])
+    assert not slow.loc[("fast / fla", "1x512", "graph"), "met"]
+
+
+def test_findings_hold_or_fail_with_numbers():
+    assert "1.010x" in str(speed.fix_is_free(_synthetic()))
+    with pytest.raises(AssertionError, match="costs more"):
+        speed.fix_is_free(_synthetic(fixed=1.2))
+    assert "3.00-3.00x faster" in str(speed.faster_eager(_synthetic()))
+    assert "at 2 of 2 sizes" in str(speed.versus(_synthetic(), "fast", "fla"))
+    assert "0 of 2" in str(speed.versus(_synthetic(fast_graph=1.2), "fast", "fla"))
+    with pytest.raises(AssertionError, match="memory floor"):
+        speed.far_from_floor(_synthetic(), at_most=0.01)
+
+
+def test_committed_h200_bench_renders():
+    b = speed.load_bench()
+    assert {"fla", "two_kernel", "fused_shipped", "fused_fixed", "fast", "auto"} <= set(b.backend)
+    assert speed.speed_table(b).index[0] == "1x512" and speed.speed_table(b).index[-1] == "varlen"
+    speed.time_vs_tokens(b)
