@@ -249,8 +249,9 @@ def prologue_variants(env: dict) -> pd.DataFrame:
                 t = triton.testing.do_bench(f, return_mode="median")
                 diff = max(float((getattr(p2, n).float() - getattr(base, n).float()).abs().max())
                            for n in ("q", "k", "g_cum", "w", "u"))
+                finite = bool(torch.isfinite(p2.w).all() and torch.isfinite(p2.u).all())
                 rows.append(dict(T=T, solve=solve, num_warps=nw, l2norm_inside=fuse, ms=t, programs=plan.n_chunks * HV,
-                                 maxdiff_default=diff, finite=bool(torch.isfinite(p2.w).all() and torch.isfinite(p2.u).all())))
+                                 maxdiff_default=diff, finite=finite))
             except Exception as e:  # noqa: BLE001
                 rows.append(dict(T=T, solve=solve, num_warps=nw, l2norm_inside=fuse, error=repr(e)[:300]))
             log("prologue", T, solve, nw, fuse, rows[-1].get("ms"), rows[-1].get("maxdiff_default"))

@@ -35,20 +35,17 @@ def choose(tokens: int, varlen: bool, on_cuda: bool, capturing: bool, fla_ok: bo
 
 def auto_backend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
                  **kw: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Run the backend `choose` names for this call (same signature as every backend)."""
-    from gdnlab.backends import BACKENDS, get_backend
-    from gdnlab.validate import check_inputs
+    """Run the backend `choose` names for this call (same signature as every backend), through the public entry
+    point, which validates the inputs unless that backend does."""
+    from gdnlab.backends import BACKENDS, chunk_gated_delta_rule
 
     on_cuda = q.is_cuda
     capturing = on_cuda and torch.cuda.is_current_stream_capturing()
     name = choose(int(q.shape[0] * q.shape[1]), kw.get("cu_seqlens") is not None, on_cuda, capturing,
                   "fla" in BACKENDS)
-    fn = get_backend(name)
-    if not getattr(fn, "validates_itself", False):
-        check_inputs(q, k, v, g, beta, **{n: kw[n] for n in ("scale", "initial_state", "cu_seqlens", "state_v_first",
-                                                          "output_final_state", "use_qk_l2norm_in_kernel") if n in kw})
-        kw = {n: x for n, x in kw.items() if n != "poison"}
-    return fn(q, k, v, g, beta, **kw)
+    if name == "fla":
+        kw.pop("poison", None)  # an option of the lab's kernels only
+    return chunk_gated_delta_rule(q, k, v, g, beta, backend=name, **kw)
 
 
-auto_backend.validates_itself = True  # the backend it picks validates (or is validated above)
+auto_backend.validates_itself = True  # the entry point validates for the backend it picks

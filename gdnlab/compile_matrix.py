@@ -665,14 +665,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wrote {out} ({len(rows)} rows, {time.perf_counter() - t0:.0f} s)")
         return 0
 
-    job_list = jobs(quick=a.quick)
+    full = job_list = jobs(quick=a.quick)
     keep: list[dict[str, Any]] = []  # rows of other kernels, kept when only some kernels are rebuilt
     if a.kernels:
         names = tuple(k.strip() for k in a.kernels.split(",") if k.strip())
         unknown = set(names) - set(KERNELS)
         if unknown or not names:
             ap.error(f"--kernels: unknown {sorted(unknown)}; known: {', '.join(KERNELS)}")
-        full = job_list
         job_list = [j for j in full if j["kernel"] in names]
         old = Path(a.out) if a.out else MATRIX_CSV
         if old.exists():
@@ -707,24 +706,20 @@ def main(argv: list[str] | None = None) -> int:
             ckpt.unlink()
     ordered = sorted(job_list, key=_priority)
     rows = run_jobs(ordered, workers=a.workers, progress=not a.no_progress, checkpoint=ckpt)
-    index = {_job_key(j): i for i, j in enumerate(job_list)}
     for r in rows:
         r["static_check"] = _static(r)
         r["kernels_sha"] = sha
-    if keep:
-        index = {_job_key(j): i for i, j in enumerate(full)}
-        rows += [r for r in keep if _job_key(r) in index]
-    rows.sort(key=lambda r: index[_job_key(r)])
     wall = time.perf_counter() - t0
+    built, ok = len(rows), sum(r["status"] == "ok" for r in rows)
+    print(f"{ok}/{built} builds ok in {wall:.0f} s wall ({sum(float(r['compile_s']) for r in rows):.0f} s of "
+          f"compiling, {a.workers} workers)" + (f"; {len(keep)} rows of other kernels kept" if keep else ""))
+    index = {_job_key(j): i for i, j in enumerate(full)}
+    rows = sorted(rows + [r for r in keep if _job_key(r) in index], key=lambda r: index[_job_key(r)])
     print(summarize(rows))
-    ok = sum(r["status"] == "ok" for r in rows)
-    print(f"{ok}/{len(rows)} builds ok in {wall:.0f} s wall ({sum(float(r['compile_s']) for r in rows):.0f} s of "
-          f"compiling, {a.workers} workers)")
     if out is not None:
         _write(rows, out, MATRIX_COLUMNS)
-        want = len(full) if keep else len(job_list)
-        print(f"wrote {out}" + ("" if len(rows) == want else f" (partial: {len(rows)}/{want})"))
-        if ckpt is not None and len(rows) == want:
+        print(f"wrote {out}" + ("" if built == len(job_list) else f" (partial: {built}/{len(job_list)})"))
+        if ckpt is not None and built == len(job_list):
             ckpt.unlink(missing_ok=True)
     return 0 if ok else 1
 

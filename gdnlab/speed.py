@@ -10,8 +10,8 @@ from matplotlib.figure import Figure
 
 from gdnlab.findings import Finding, _fail
 
-__all__ = ["default_bench", "load_bench", "load_bench_frame", "speed_table", "targets", "fix_is_free", "faster_eager", "versus",
-           "time_vs_tokens", "floor_fraction", "far_from_floor"]
+__all__ = ["default_bench", "load_bench", "load_bench_frame", "speed_table", "targets", "fix_is_free",
+           "faster_eager", "versus", "time_vs_tokens", "floor_fraction", "far_from_floor"]
 
 TIMINGS = {"ms": "eager", "graph_ms": "graph"}
 
@@ -41,7 +41,8 @@ def load_bench_frame(df: pd.DataFrame) -> pd.DataFrame:
 def _order(df: pd.DataFrame) -> list[str]:
     """Shapes as benchmarked: one sequence by length, then batches, then the ragged batch."""
     first = df.drop_duplicates("shape")
-    key = {r.shape: (str(r.B) == "varlen", 0 if str(r.B) == "varlen" else int(r.B), r.tokens) for r in first.itertuples()}
+    key = {r.shape: (str(r.B) == "varlen", 0 if str(r.B) == "varlen" else int(r.B), r.tokens)
+           for r in first.itertuples()}
     return sorted(key, key=key.get)
 
 
