@@ -307,6 +307,142 @@ def breakdown(env: dict, ok_configs: set | None = None) -> pd.DataFrame:
     return df
 
 
+def graph_ms(fn) -> float:
+    """Device time of one call of fn, replayed from a CUDA graph (median of triton.testing.do_bench)."""
+    fn()
+    torch.cuda.synchronize()
+    gr = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(gr):
+        fn()
+    return triton.testing.do_bench(gr.replay, warmup=25, rep=100, return_mode="median")
+
+
+#: Kernel configs the stage study times: prologue (form, warps); state kernel (BV, warps, stages); output kernel
+#: (BV, warps, stages). The configs the last session saw fail (BV < 64 at 4 warps) come last in their list.
+PROLOGUES = [("blocks", 4), ("blocks", 2), ("rows", 2), ("rows", 4), ("rows", 1)]
+STATE_CFGS = [(64, 4, None), (64, 4, 2), (64, 4, 4), (64, 2, None), (64, 8, None), (32, 8, None), (32, 8, 2),
+              (32, 2, None), (32, 2, 2), (32, 4, None), (32, 4, 2)]
+OUT_CFGS = [(64, 4, None), (64, 4, 2), (64, 8, None), (128, 8, None), (128, 8, 2), (128, 4, None), (128, 4, 2)]
+
+
+def stages(env: dict, out_dir: str) -> pd.DataFrame:
+    """Every stage of the lab's pipeline and of FLA's, each timed alone in graph replay; each lab config checked
+    bit for bit against the default config on the same inputs (a config that differs is not eligible); then the
+    whole call with the fastest eligible config of each stage, against FLA. Rows are appended to stages.csv as they
+    come, so that a crash keeps what ran before it."""
+    from gdnlab.kernels.two_kernel import fwd_h_kernel, fwd_o_kernel  # noqa: F401
+    H, HV, K, V = QWEN["H"], QWEN["HV"], QWEN["K"], QWEN["V"]
+    path = os.path.join(out_dir, "stages.csv")
+    rows: list[dict] = []
+
+    def add(**r):
+        r.update(device=env["device"], torch=env["torch"], triton=env["triton"], date=env["date"])
+        rows.append(r)
+        pd.DataFrame(rows).to_csv(path, index=False)
+        log("stage", {k: v for k, v in r.items() if k not in ("device", "torch", "triton", "date")})
+
+    for T in (512, 2048, 8192, 32768):
+        inp = _inputs(1, T, 0)
+        q, k, v = inp.q.reshape(T, H, K), inp.k.reshape(T, H, K), inp.v.reshape(T, HV, V)
+        g, beta = inp.g.reshape(T, HV).float(), inp.beta.reshape(T, HV)
+        h0 = inp.initial_state
+        plan = ChunkPlan.build([(0, T)], q.device)
+        from gdnlab.kernels.prologue import l2norm
+        qn, kn = l2norm(q), l2norm(k)
+        add(T=T, stage="l2norm q+k", config="", ms=graph_ms(lambda: (l2norm(q), l2norm(k))))
+        base = run_prologue(qn, kn, v, g, beta, plan, False)
+        best_pro = None
+        for form, nw in PROLOGUES:
+            try:
+                p2 = run_prologue(qn, kn, v, g, beta, plan, False, num_warps=nw, solve=form)
+                torch.cuda.synchronize()
+                same = all(torch.equal(getattr(p2, n), getattr(base, n)) for n in ("g_cum", "w", "u"))
+                diff = max(float((getattr(p2, n).float() - getattr(base, n).float()).abs().max()) for n in ("w", "u"))
+                t = graph_ms(lambda: run_prologue(qn, kn, v, g, beta, plan, False, num_warps=nw, solve=form))
+                add(T=T, stage="prologue", config=f"{form} w{nw}", form=form, num_warps=nw, ms=t, bit_equal=same,
+                    maxdiff=diff, programs=plan.n_chunks * HV)
+                if best_pro is None or t < best_pro[0]:
+                    best_pro = (t, form, nw)
+            except Exception as e:  # noqa: BLE001
+                add(T=T, stage="prologue", config=f"{form} w{nw}", error=repr(e)[:300])
+        o = alloc((T, HV, V), q.dtype, q.device, False)
+        ht = alloc((1, HV, K, V), torch.float32, q.device, False)
+        two_kernel(base, v, o, plan, h0, ht, 0.1, False)
+        o_ref, ht_ref = o.clone(), ht.clone()
+        best_h, best_o = None, None
+        for bv, nw, ns in STATE_CFGS:  # the state kernel alone: fwd_h's launch, timed as two_kernel minus fwd_o
+            try:
+                o.fill_(float("nan"))
+                two_kernel(base, v, o, plan, h0, ht, 0.1, False, BV=bv, num_warps=nw, num_stages=ns, out_BV=64,
+                           out_warps=4)
+                torch.cuda.synchronize()
+                same = torch.equal(o, o_ref) and torch.equal(ht, ht_ref)
+                t = graph_ms(lambda: two_kernel(base, v, o, plan, h0, ht, 0.1, False, BV=bv, num_warps=nw,
+                                                num_stages=ns, out_BV=64, out_warps=4))
+                add(T=T, stage="fwd_h + fwd_o(64, w4)", config=f"BV{bv} w{nw} s{ns}", BV=bv, num_warps=nw,
+                    num_stages=ns, ms=t, bit_equal=same, maxdiff=float((o.float() - o_ref.float()).abs().max()),
+                    programs=(V // bv) * HV)
+                if same and (best_h is None or t < best_h[0]):
+                    best_h = (t, bv, nw, ns)
+            except Exception as e:  # noqa: BLE001
+                add(T=T, stage="fwd_h + fwd_o(64, w4)", config=f"BV{bv} w{nw} s{ns}", error=repr(e)[:300])
+        _, hbv, hnw, hns = best_h
+        for bv, nw, ns in OUT_CFGS:
+            try:
+                o.fill_(float("nan"))
+                two_kernel(base, v, o, plan, h0, ht, 0.1, False, BV=hbv, num_warps=hnw, num_stages=hns, out_BV=bv,
+                           out_warps=nw, out_stages=ns)
+                torch.cuda.synchronize()
+                same = torch.equal(o, o_ref) and torch.equal(ht, ht_ref)
+                t = graph_ms(lambda: two_kernel(base, v, o, plan, h0, ht, 0.1, False, BV=hbv, num_warps=hnw,
+                                                num_stages=hns, out_BV=bv, out_warps=nw, out_stages=ns))
+                add(T=T, stage=f"fwd_h(BV{hbv} w{hnw} s{hns}) + fwd_o", config=f"BV{bv} w{nw} s{ns}", BV=bv,
+                    num_warps=nw, num_stages=ns, ms=t, bit_equal=same,
+                    maxdiff=float((o.float() - o_ref.float()).abs().max()), programs=(V // bv) * plan.n_chunks * HV)
+                if same and (best_o is None or t < best_o[0]):
+                    best_o = (t, bv, nw, ns)
+            except Exception as e:  # noqa: BLE001
+                add(T=T, stage="fwd_o", config=f"BV{bv} w{nw} s{ns}", error=repr(e)[:300])
+        # FLA's stages, each alone
+        try:
+            from fla.modules.norm.l2norm import l2norm_fwd
+            from fla.ops.common.chunk_delta_h import chunk_gated_delta_rule_fwd_h
+            from fla.ops.common.chunk_o import chunk_fwd_o
+            from fla.ops.gated_delta_rule.chunk_fwd import chunk_gated_delta_rule_fwd_intra
+            from fla.ops.utils import chunk_local_cumsum
+            from fla.ops.utils.constant import RCP_LN2
+            q4, k4, v4, g4, b4 = inp.q, inp.k, inp.v, inp.g.float(), inp.beta
+            add(T=T, stage="fla l2norm q+k", ms=graph_ms(lambda: (l2norm_fwd(q4), l2norm_fwd(k4))))
+            qf, kf = l2norm_fwd(q4)[0], l2norm_fwd(k4)[0]
+            add(T=T, stage="fla cumsum", ms=graph_ms(lambda: chunk_local_cumsum(g4, chunk_size=64, scale=RCP_LN2)))
+            gc = chunk_local_cumsum(g4, chunk_size=64, scale=RCP_LN2)
+            add(T=T, stage="fla intra (kkt+solve, w/u)",
+                ms=graph_ms(lambda: chunk_gated_delta_rule_fwd_intra(k=kf, v=v4, g=gc, beta=b4)))
+            w, u, _ = chunk_gated_delta_rule_fwd_intra(k=kf, v=v4, g=gc, beta=b4)
+            add(T=T, stage="fla fwd_h", ms=graph_ms(lambda: chunk_gated_delta_rule_fwd_h(
+                k=kf, w=w, u=u, g=gc, initial_state=h0, output_final_state=True)))
+            hh, vn, _ = chunk_gated_delta_rule_fwd_h(k=kf, w=w, u=u, g=gc, initial_state=h0, output_final_state=True)
+            add(T=T, stage="fla fwd_o", ms=graph_ms(lambda: chunk_fwd_o(q=qf, k=kf, v=vn, h=hh, g=gc, scale=0.1)))
+        except Exception as e:  # noqa: BLE001
+            add(T=T, stage="fla stages", error=repr(e)[:300])
+        # whole calls: the default, and the fastest eligible config of every stage
+        kw = inp.kwargs()
+        _, pform, pnw = best_pro
+        _, obv, onw, ons = best_o
+        best = dict(prologue_solve=pform, prologue_warps=pnw, BV=hbv, num_warps=hnw, num_stages=hns, out_BV=obv,
+                    out_warps=onw, out_stages=ons)
+        for name, be, opts in [("two_kernel", "two_kernel", {}), ("fast (current)", "fast", {}),
+                               ("best stages", "two_kernel", best), ("fla", "fla", {})]:
+            try:
+                add(T=T, stage="whole call", config=name, options=json.dumps(opts),
+                    ms=graph_ms(lambda: gdnlab.chunk_gated_delta_rule(**kw, backend=be, **opts)))
+            except Exception as e:  # noqa: BLE001
+                add(T=T, stage="whole call", config=name, error=repr(e)[:300])
+        del inp, base
+        torch.cuda.empty_cache()
+    return pd.DataFrame(rows)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
@@ -331,7 +467,7 @@ def main() -> int:
     chosen = args.backends.split(",") if args.backends else None
     jobs = dict(conformance=lambda: conformance(env, chosen), mma=lambda: mma_hardware(env),
                 prologue=lambda: prologue_variants(env),
-                breakdown=lambda: breakdown(env, ok))
+                breakdown=lambda: breakdown(env, ok), stages=lambda: stages(env, args.out))
     if "bench" in parts:
         bw = copy_bandwidth()
         log("copy bandwidth GB/s", bw / 1e9)

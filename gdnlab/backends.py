@@ -16,6 +16,7 @@ import torch
 from gdnlab import reference
 from gdnlab.auto import auto_backend
 from gdnlab.kernels.fused import FIXED, SHIPPED
+from gdnlab.kernels.prologue import SOLVE
 from gdnlab.validate import Problem, check_inputs
 
 Backend = Callable[..., tuple[torch.Tensor, torch.Tensor | None]]
@@ -85,14 +86,16 @@ def _triton(path: str, **defaults: Any) -> Backend:
                                   output_final_state=output_final_state,
                                   use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)
         opts = {**defaults, **options}
-        allowed = {"BV", "poison", "num_warps", "num_stages", "prologue_warps", "fuse_norm"} | (
-            {"downcast", "intra_vnew"} if path == "fused" else set())
+        allowed = {"BV", "poison", "num_warps", "num_stages", "prologue_warps", "prologue_solve", "fuse_norm"} | (
+            {"downcast", "intra_vnew"} if path == "fused" else {"out_BV", "out_warps", "out_stages"})
         unknown = set(opts) - allowed
         if unknown:
             raise TypeError(f"options: {path} backend does not take {sorted(unknown)}; it takes {sorted(allowed)}")
         bv = opts.pop("BV", 64)
         if bv not in (8, 16, 32, 64):
             raise ValueError(f"BV: must be one of 8, 16, 32, 64, got {bv!r}")
+        if opts.get("out_BV") not in (None, 8, 16, 32, 64, 128):
+            raise ValueError(f"out_BV: must be one of 8, 16, 32, 64, 128, got {opts['out_BV']!r}")
         poison = bool(opts.pop("poison", False))
         tokens = p.B * p.T
 
@@ -100,7 +103,8 @@ def _triton(path: str, **defaults: Any) -> Backend:
             return x.reshape(tokens, *x.shape[2:]).to(dtype or x.dtype).contiguous()
 
         plan = ChunkPlan.build(p.seq_bounds, q.device)
-        pro_opts = dict(fuse_norm=bool(opts.pop("fuse_norm", False)), num_warps=int(opts.pop("prologue_warps", 4)))
+        pro_opts = dict(fuse_norm=bool(opts.pop("fuse_norm", False)), num_warps=int(opts.pop("prologue_warps", 4)),
+                        solve=opts.pop("prologue_solve", SOLVE))
         vf = flat(v)
         pro = run_prologue(flat(q), flat(k), vf, flat(g, torch.float32), flat(beta), plan, use_qk_l2norm_in_kernel,
                            poison, **pro_opts)
@@ -160,8 +164,11 @@ register_backend("reference", _reference)
 register_backend("two_kernel", _triton("two_kernel"))
 register_backend("fused_shipped", _triton("fused", **SHIPPED))
 register_backend("fused_fixed", _triton("fused", **FIXED))
-# "fast": 2 prologue warps (0.28 vs 0.40 ms at T = 8192, reports/h200/prologue_variants.csv; benchmarks/NOTES.md).
-register_backend("fast", _triton("two_kernel", prologue_warps=2))
+# "fast": the fastest config of each stage that is bit-equal to the default on the H200 (reports/h200/stages.csv;
+# benchmarks/NOTES.md item 10): 2 prologue warps, the state kernel at BV = 32 (128 programs for 132 SMs), the output
+# kernel at BV = 128 (one program per chunk and head, Q.K^T computed once).
+FAST = dict(prologue_warps=2, BV=32, num_warps=4, out_BV=128, out_warps=4)
+register_backend("fast", _triton("two_kernel", **FAST))
 if fla_available():
     register_backend("fla", _fla)
 register_backend("auto", auto_backend)

@@ -170,6 +170,144 @@ def prologue_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, qn_ptr, kn_ptr, gcum_p
     store_rows(u_ptr + i_hv * V, rows, mrow, HV * V, 0, tl.dot(t, vb), VP, V)
 
 
+@triton.jit
+def _stack4(a0, a1, a2, a3):
+    """Four [16, 16] tiles as one [4, 16, 16] stack (exact: a permutation of registers)."""
+    return tl.reshape(tl.permute(tl.join(tl.join(a0, a2), tl.join(a1, a3)), (2, 3, 0, 1)), [4, 16, 16])
+
+
+@triton.jit
+def _unstack4(s):
+    """The inverse of _stack4."""
+    x02, x13 = tl.split(tl.permute(tl.reshape(s, [2, 2, 16, 16]), (2, 3, 0, 1)))
+    a0, a2 = tl.split(x02)
+    a1, a3 = tl.split(x13)
+    return a0, a1, a2, a3
+
+
+@triton.jit
+def _forward_substitution(d):
+    """(I + D)^-1 for a [4, 16, 16] stack of strictly lower-triangular D, row by row in fp32."""
+    r = tl.arange(0, 16)
+    row_ids = r[None, :, None]
+    t = tl.where(row_ids == r[None, None, :], 1.0, 0.0) + tl.zeros([4, 16, 16], tl.float32)
+    for i in tl.static_range(1, 16):
+        d_i = tl.sum(tl.where(row_ids == i, d, 0.0), 1)
+        row = tl.where(r == i, 1.0, 0.0)[None, :] - tl.sum(d_i[:, :, None] * t, 1)
+        t = tl.where(row_ids == i, row[:, None, :], t)
+    return t
+
+
+@triton.jit
+def _sub_rows(bos, i_t, eos, b: tl.constexpr, BT: tl.constexpr):
+    """Rows and mask of the b-th 16-row block of a chunk."""
+    rows = bos + i_t * BT + b * 16 + tl.arange(0, 16)
+    return rows, rows < eos
+
+
+@triton.jit
+def _beta_rows(k, beta_ptr, rows, m, HV: tl.constexpr):
+    """beta * k for a tile of rows, rounded to k's dtype (the left operand of A)."""
+    return (k.to(tl.float32) * tl.load(beta_ptr + rows * HV, mask=m, other=0.0).to(tl.float32)[:, None]).to(k.dtype)
+
+
+@triton.jit
+def _kkt(kb_i, k_j, g_i, g_j, m_i, m_j, DIAG: tl.constexpr):
+    """One 16x16 block of A = beta K K^T * exp(G_i - G_j): strictly lower on the diagonal, masked rows zero."""
+    a = tl.dot(kb_i, tl.trans(k_j))
+    keep = m_i[:, None] & m_j[None, :]
+    if DIAG:
+        r = tl.arange(0, 16)
+        keep = keep & (r[:, None] > r[None, :])
+    return tl.where(keep, a * tl.exp(tl.where(keep, g_i[:, None] - g_j[None, :], 0.0)), 0.0)
+
+
+@triton.jit
+def _store_block(t_ptr, rows, m, stride, b: tl.constexpr, x):
+    """Store a 16x16 block of T (bf16) at column block b of its rows."""
+    store_rows(t_ptr, rows, m, stride, b * 16, x, 16, 64)
+
+
+@triton.jit
+def prologue_rows_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, qn_ptr, kn_ptr, gcum_ptr, w_ptr, u_ptr, t_ptr, cu_ptr,
+                         chunks_ptr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                         KP: tl.constexpr, VP: tl.constexpr, BT: tl.constexpr, NORM: tl.constexpr):
+    """One program per (chunk, value head), working on 16-row blocks: A's ten lower blocks as 16x16 dots, the four
+    diagonal inverses by forward substitution on one [4, 16, 16] stack, the off-diagonal blocks by block
+    substitution; T (bf16) goes through a scratch buffer so that W = T (beta exp(G) K) and U = T (beta V) are
+    whole-chunk dots."""
+    i_c, i_hv = tl.program_id(0), tl.program_id(1)
+    i_n = tl.load(chunks_ptr + 2 * i_c)
+    i_t = tl.load(chunks_ptr + 2 * i_c + 1)
+    bos = tl.load(cu_ptr + i_n).to(tl.int64)
+    eos = tl.load(cu_ptr + i_n + 1).to(tl.int64)
+    i_h = i_hv // (HV // H)
+    first = i_hv % (HV // H)
+    rows = bos + i_t * BT + tl.arange(0, BT)
+    mrow = rows < eos
+    g_cum = tl.cumsum(tl.load(g_ptr + rows * HV + i_hv, mask=mrow, other=0.0).to(tl.float32), 0)
+    tl.store(gcum_ptr + rows * HV + i_hv, g_cum, mask=mrow)
+    if NORM:
+        _keys(q_ptr + i_h * K, qn_ptr + i_h * K, rows, mrow, first, H * K, K, KP, NORM, True)
+    kh, knh = k_ptr + i_h * K, kn_ptr + i_h * K
+    tl.debug_barrier()  # the 16-row blocks below read back this program's g_cum
+
+    r0, m0 = _sub_rows(bos, i_t, eos, 0, BT)
+    r1, m1 = _sub_rows(bos, i_t, eos, 1, BT)
+    r2, m2 = _sub_rows(bos, i_t, eos, 2, BT)
+    r3, m3 = _sub_rows(bos, i_t, eos, 3, BT)
+    g0 = tl.load(gcum_ptr + r0 * HV + i_hv, mask=m0, other=0.0, cache_modifier=".cg")
+    g1 = tl.load(gcum_ptr + r1 * HV + i_hv, mask=m1, other=0.0, cache_modifier=".cg")
+    g2 = tl.load(gcum_ptr + r2 * HV + i_hv, mask=m2, other=0.0, cache_modifier=".cg")
+    g3 = tl.load(gcum_ptr + r3 * HV + i_hv, mask=m3, other=0.0, cache_modifier=".cg")
+    # Row block by row block, so that each key tile dies as soon as its blocks of A are formed.
+    k0 = _keys(kh, knh, r0, m0, first, H * K, K, KP, NORM, False)
+    kb = _beta_rows(k0, beta_ptr + i_hv, r0, m0, HV)
+    a00 = _kkt(kb, k0, g0, g0, m0, m0, True)
+    k1 = _keys(kh, knh, r1, m1, first, H * K, K, KP, NORM, False)
+    kb = _beta_rows(k1, beta_ptr + i_hv, r1, m1, HV)
+    a10, a11 = _kkt(kb, k0, g1, g0, m1, m0, False), _kkt(kb, k1, g1, g1, m1, m1, True)
+    k2 = _keys(kh, knh, r2, m2, first, H * K, K, KP, NORM, False)
+    kb = _beta_rows(k2, beta_ptr + i_hv, r2, m2, HV)
+    a20, a21, a22 = _kkt(kb, k0, g2, g0, m2, m0, False), _kkt(kb, k1, g2, g1, m2, m1, False), _kkt(
+        kb, k2, g2, g2, m2, m2, True)
+    k3 = _keys(kh, knh, r3, m3, first, H * K, K, KP, NORM, False)
+    kb = _beta_rows(k3, beta_ptr + i_hv, r3, m3, HV)
+    a30, a31, a32, a33 = _kkt(kb, k0, g3, g0, m3, m0, False), _kkt(kb, k1, g3, g1, m3, m1, False), _kkt(
+        kb, k2, g3, g2, m3, m2, False), _kkt(kb, k3, g3, g3, m3, m3, True)
+
+    t00, t11, t22, t33 = _unstack4(_forward_substitution(_stack4(a00, a11, a22, a33)))
+    t10 = -_mm(t11, _mm(a10, t00))
+    t21 = -_mm(t22, _mm(a21, t11))
+    t32 = -_mm(t33, _mm(a32, t22))
+    t20 = -_mm(t22, _mm(a20, t00) + _mm(a21, t10))
+    t31 = -_mm(t33, _mm(a31, t11) + _mm(a32, t21))
+    t30 = -_mm(t33, _mm(a30, t00) + _mm(a31, t10) + _mm(a32, t20))
+    th, st = t_ptr + i_hv * BT, HV * BT
+    _store_block(th, r0, m0, st, 0, t00)
+    _store_block(th, r1, m1, st, 0, t10)
+    _store_block(th, r1, m1, st, 1, t11)
+    _store_block(th, r2, m2, st, 0, t20)
+    _store_block(th, r2, m2, st, 1, t21)
+    _store_block(th, r2, m2, st, 2, t22)
+    _store_block(th, r3, m3, st, 0, t30)
+    _store_block(th, r3, m3, st, 1, t31)
+    _store_block(th, r3, m3, st, 2, t32)
+    _store_block(th, r3, m3, st, 3, t33)
+    tl.debug_barrier()  # T is read back whole by every thread
+
+    c = tl.arange(0, BT)
+    lower = mrow[:, None] & ((c[None, :] // 16) <= ((rows[:, None] - bos - i_t * BT) // 16))
+    tb = tl.load(th + rows[:, None] * st + c[None, :], mask=lower, other=0.0, cache_modifier=".cg")
+    beta = tl.load(beta_ptr + rows * HV + i_hv, mask=mrow, other=0.0).to(tl.float32)
+    kt = _keys(kh, knh, rows, mrow, first, H * K, K, KP, NORM, True)
+    kb = (kt.to(tl.float32) * (beta * tl.exp(g_cum))[:, None]).to(tl.bfloat16)
+    store_rows(w_ptr + i_hv * K, rows, mrow, HV * K, 0, tl.dot(tb, kb), KP, K)
+    vt = load_rows(v_ptr + i_hv * V, rows, mrow, HV * V, 0, VP, V)
+    vb = (vt.to(tl.float32) * beta[:, None]).to(tl.bfloat16)
+    store_rows(u_ptr + i_hv * V, rows, mrow, HV * V, 0, tl.dot(tb, vb), VP, V)
+
+
 _PLANS: dict = {}
 
 
@@ -248,7 +386,12 @@ def run_prologue(q, k, v, g, beta, plan: ChunkPlan, use_qk_l2norm: bool, poison:
     g_cum = alloc((tokens, HV), torch.float32, dev, poison)
     w = alloc((tokens, HV, K), torch.bfloat16, dev, poison)
     u = alloc((tokens, HV, V), torch.bfloat16, dev, poison)
-    if plan.n_chunks:
+    if plan.n_chunks and solve == "rows":
+        t = alloc((tokens, HV, BT), torch.bfloat16, dev, poison)
+        launch(prologue_rows_kernel, (plan.n_chunks, HV), q, k, v, g, beta, qn, kn, g_cum, w, u, t, plan.cu_seqlens,
+               plan.chunks, H=H, HV=HV, K=K, V=V, KP=triton.next_power_of_2(K), VP=triton.next_power_of_2(V),
+               BT=BT, NORM=norm_inside, num_warps=num_warps, device=dev)
+    elif plan.n_chunks:
         launch(prologue_kernel, (plan.n_chunks, HV), q, k, v, g, beta, qn, kn, g_cum, w, u, plan.cu_seqlens,
                plan.chunks, H=H, HV=HV, K=K, V=V, KP=triton.next_power_of_2(K), VP=triton.next_power_of_2(V),
                BT=BT, NORM=norm_inside, SOLVE=solve, num_warps=num_warps, device=dev)

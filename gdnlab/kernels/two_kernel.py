@@ -108,20 +108,27 @@ def fwd_o_kernel(q_ptr, k_ptr, vnew_ptr, gcum_ptr, h_ptr, o_ptr, cu_ptr, chunks_
 
 
 def two_kernel(pro: Prologue, v: torch.Tensor, o: torch.Tensor, plan: ChunkPlan, initial_state, ht, scale: float,
-               state_v_first: bool, BV: int = 64, poison: bool = False, num_warps: int = 4) -> None:
-    """State kernel then output kernel on flattened tensors; writes o and (if given) ht."""
+               state_v_first: bool, BV: int = 64, poison: bool = False, num_warps: int = 4,
+               num_stages: int | None = None, out_BV: int | None = None, out_warps: int | None = None,
+               out_stages: int | None = None) -> None:
+    """State kernel then output kernel on flattened tensors; writes o and (if given) ht. `BV`, `num_warps` and
+    `num_stages` configure the state kernel, and the output kernel too unless its `out_*` options are given
+    (None: Triton's default stages)."""
     tokens, H, K = pro.k.shape
     HV, V = v.shape[1], v.shape[2]
     N = plan.cu_seqlens.numel() - 1
     dev = v.device
+    out_BV, out_warps = out_BV or BV, out_warps or num_warps
+    out_stages = out_stages or num_stages
     h = alloc((max(plan.n_chunks, 1), HV, K, V), torch.bfloat16, dev, poison)
     v_new = alloc((tokens, HV, V), torch.bfloat16, dev, poison)
     dummy = pro.g_cum
     launch(fwd_h_kernel, (triton.cdiv(V, BV), N * HV), pro.k, pro.u, pro.w, pro.g_cum, h, v_new,
            initial_state if initial_state is not None else dummy, ht if ht is not None else dummy,
            plan.cu_seqlens, plan.chunk_offsets, H=H, HV=HV, K=K, V=V, BV=BV, HAS_H0=initial_state is not None,
-           STORE_HT=ht is not None, STATE_V_FIRST=state_v_first, BT=BT, num_warps=num_warps, device=dev)
+           STORE_HT=ht is not None, STATE_V_FIRST=state_v_first, BT=BT, num_warps=num_warps, device=dev,
+           **({} if num_stages is None else dict(num_stages=num_stages)))
     if plan.n_chunks:
-        launch(fwd_o_kernel, (triton.cdiv(V, BV), plan.n_chunks, HV), pro.q, pro.k, v_new, pro.g_cum, h, o,
-               plan.cu_seqlens, plan.chunks, scale, H=H, HV=HV, K=K, V=V, BV=BV, BT=BT, num_warps=num_warps,
-               device=dev)
+        launch(fwd_o_kernel, (triton.cdiv(V, out_BV), plan.n_chunks, HV), pro.q, pro.k, v_new, pro.g_cum, h, o,
+               plan.cu_seqlens, plan.chunks, scale, H=H, HV=HV, K=K, V=V, BV=out_BV, BT=BT, num_warps=out_warps,
+               device=dev, **({} if out_stages is None else dict(num_stages=out_stages)))
