@@ -1,14 +1,15 @@
 """The "auto" backend: a written rule, learned from reports/h200/bench.csv, that picks the fastest correct backend
 for a call from its shape and context, without timing anything per call.
 
-What the H200 benchmark (Qwen3-Next layer shape) showed, and the rule it gives:
-- Replayed in a CUDA graph, device time is all that counts: flash-linear-attention ("fla") is fastest from 1024
-  tokens up (for 8 x 2048 "fast" is 3% faster); at 512 tokens the two-kernel path ties with it. fla cannot be
+What the H200 benchmark (Qwen3-Next layer shape, 2026-12-02, with "fast" at its stage-study configuration) showed,
+and the rule it gives:
+- Replayed in a CUDA graph, device time is all that counts: "fast" is faster than flash-linear-attention ("fla")
+  from 2048 tokens up and on a batch of 8 x 2048; below that they tie or fla is a few percent faster (512 tokens:
+  0.065 vs 0.070 ms), so a captured call of fewer than ``GRAPH_FLA_BELOW`` tokens goes to fla. fla cannot be
   captured with cu_seqlens (it copies them to the host), so a captured varlen call goes to the lab.
-- Called eagerly, fla pays ~0.8-1 ms of host work per call, so the lab's kernels win up to 16384 tokens and fla
-  from 32768 on; the switch sits between the two measured sizes (``EAGER_FLA_FROM``). Below ~4096 tokens every
-  lab path is host-bound (0.28-0.40 ms, run-to-run noise of the same size). A ragged batch runs faster on the lab's
-  kernels eagerly too.
+- Called eagerly, fla pays ~0.4-1 ms of host work per call and "fast" has the lower device time from 2048 tokens
+  up, so every eager call goes to the lab. Below ~4096 tokens every lab path is host-bound (0.2-0.5 ms, run-to-run
+  noise of the same size).
 - Without CUDA or without fla, the lab's "fast" configuration is the only candidate.
 """
 from __future__ import annotations
@@ -17,10 +18,8 @@ from typing import Any
 
 import torch
 
-#: Fewest tokens (B*T) from which an eager call goes to fla: between the measured 16384 (lab faster) and 32768.
-EAGER_FLA_FROM = 24576
-#: Fewest tokens from which a call captured in a CUDA graph goes to fla (the setting reports/h200/bench.csv measured).
-GRAPH_FLA_FROM = 1024
+#: A call captured in a CUDA graph with fewer tokens than this goes to fla (measured: fla ahead at 512 and 1024).
+GRAPH_FLA_BELOW = 2048
 #: The lab's backend the rule falls back on.
 LAB = "fast"
 
@@ -30,7 +29,7 @@ def choose(tokens: int, varlen: bool, on_cuda: bool, capturing: bool, fla_ok: bo
     from."""
     if not (on_cuda and fla_ok) or varlen:
         return LAB
-    return "fla" if tokens >= (GRAPH_FLA_FROM if capturing else EAGER_FLA_FROM) else LAB
+    return "fla" if capturing and tokens < GRAPH_FLA_BELOW else LAB
 
 
 def auto_backend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,

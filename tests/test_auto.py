@@ -10,11 +10,11 @@ from gdnlab.inputs import make_inputs
 @pytest.mark.parametrize("tokens,varlen,cuda,capturing,fla,want", [
     (512, False, False, False, False, "fast"),       # CPU: the lab's kernels under the interpreter
     (10 ** 6, False, True, False, False, "fast"),    # no fla installed
-    (512, False, True, True, True, "fast"),          # captured, short: the lab ties with fla
-    (auto.GRAPH_FLA_FROM, False, True, True, True, "fla"),  # captured: device time only
+    (512, False, True, True, True, "fla"),           # captured and short: fla's device time is lower
+    (auto.GRAPH_FLA_BELOW - 1, False, True, True, True, "fla"),
+    (auto.GRAPH_FLA_BELOW, False, True, True, True, "fast"),  # captured: fast has the lower device time
     (512, False, True, False, True, "fast"),         # eager and short: host-bound, fla's Python side dominates
-    (auto.EAGER_FLA_FROM - 1, False, True, False, True, "fast"),
-    (auto.EAGER_FLA_FROM, False, True, False, True, "fla"),
+    (10 ** 6, False, True, False, True, "fast"),     # eager and long: fast has the lower device time
     (65536, True, True, True, True, "fast"),         # varlen: fla cannot be captured and is slower eagerly
 ])
 def test_rule(tokens, varlen, cuda, capturing, fla, want):
