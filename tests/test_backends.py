@@ -46,3 +46,21 @@ def test_register_backend_refuses_bad_registrations():
         register_backend("two_kernel", _echo)
     with pytest.raises(ValueError, match="unknown backend"):
         get_backend("nope")
+
+
+def test_fast_configuration_is_bit_equal_on_cpu():
+    """fast's kernel configs (state kernel BV 32, output kernel BV 128, 2 prologue warps) change tiling, not numbers:
+    bit-equal to two_kernel's defaults under the interpreter, every element written."""
+    kw = make_inputs(B=1, T=150, H=2, HV=4, K=128, V=128, seed=3, decay=0.1).kwargs()
+    assert kw["output_final_state"]
+    o, h = gdnlab.chunk_gated_delta_rule(**kw, backend="two_kernel")
+    of, hf = gdnlab.chunk_gated_delta_rule(**kw, backend="fast", poison=True)
+    assert not of.isnan().any()
+    assert torch.equal(o, of) and torch.equal(h, hf)
+
+
+@pytest.mark.parametrize("opt,val", [("out_BV", 96), ("prologue_solve", "rows")])
+def test_bad_kernel_options_name_the_option(opt, val):
+    kw = _kw()
+    with pytest.raises(ValueError, match=f"^{opt}"):
+        gdnlab.chunk_gated_delta_rule(**kw, backend="two_kernel", **{opt: val})
