@@ -332,7 +332,6 @@ def stages(env: dict, out_dir: str) -> pd.DataFrame:
     bit for bit against the default config on the same inputs (a config that differs is not eligible); then the
     whole call with the fastest eligible config of each stage, against FLA. Rows are appended to stages.csv as they
     come, so that a crash keeps what ran before it."""
-    from gdnlab.kernels.two_kernel import fwd_h_kernel, fwd_o_kernel  # noqa: F401
     H, HV, K, V = QWEN["H"], QWEN["HV"], QWEN["K"], QWEN["V"]
     path = os.path.join(out_dir, "stages.csv")
     rows: list[dict] = []
