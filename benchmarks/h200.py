@@ -27,7 +27,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import gdnlab  # noqa: E402
 from gdnlab.cases import CASES, ISOLATION  # noqa: E402
 from gdnlab.inputs import make_inputs  # noqa: E402
-from gdnlab.kernels import ChunkPlan, alloc, fused, run_prologue, two_kernel  # noqa: E402
+from gdnlab.kernels import ChunkPlan, alloc, fused, l2norm, run_prologue, two_kernel  # noqa: E402
 from gdnlab.metrics import CUTEDSL_OUTPUT, CUTEDSL_STATE, errors, valid_rows  # noqa: E402
 from gdnlab.reference import recurrent_gated_delta_rule_ref  # noqa: E402
 
@@ -317,10 +317,9 @@ def graph_ms(fn) -> float:
     return triton.testing.do_bench(gr.replay, warmup=25, rep=100, return_mode="median")
 
 
-#: Kernel configs the stage study times: prologue (form, warps); state kernel (BV, warps, stages); output kernel
-#: (BV, warps, stages). The configs the last session saw fail (BV < 64 at 4 warps) come last in their list.
-# The 16-row form of the prologue ("rows": A as ten 16x16 dots, T through a scratch buffer), timed in the committed
-# stages.csv, was bit-equal and no faster (0.248 vs 0.244 ms at 8192 with 2 warps) and has been removed.
+#: Kernel configs the stage study times: prologue (solve, warps); state kernel (BV, warps, stages); output kernel
+#: (BV, warps, stages). Configs once seen to fail (BV < 64 at 4 warps) come last in their list. (The committed
+#: stages.csv also holds a 16-row prologue form since removed: benchmarks/NOTES.md item 10.)
 PROLOGUES = [("blocks", 4), ("blocks", 2), ("tf32x3", 4)]
 STATE_CFGS = [(64, 4, None), (64, 4, 2), (64, 4, 4), (64, 2, None), (64, 8, None), (32, 8, None), (32, 8, 2),
               (32, 2, None), (32, 2, 2), (32, 4, None), (32, 4, 2)]
@@ -348,7 +347,6 @@ def stages(env: dict, out_dir: str) -> pd.DataFrame:
         g, beta = inp.g.reshape(T, HV).float(), inp.beta.reshape(T, HV)
         h0 = inp.initial_state
         plan = ChunkPlan.build([(0, T)], q.device)
-        from gdnlab.kernels.prologue import l2norm
         qn, kn = l2norm(q), l2norm(k)
         add(T=T, stage="l2norm q+k", config="", ms=graph_ms(lambda: (l2norm(q), l2norm(k))))
         base = run_prologue(qn, kn, v, g, beta, plan, False)
@@ -370,40 +368,31 @@ def stages(env: dict, out_dir: str) -> pd.DataFrame:
         ht = alloc((1, HV, K, V), torch.float32, q.device, False)
         two_kernel(base, v, o, plan, h0, ht, 0.1, False)
         o_ref, ht_ref = o.clone(), ht.clone()
-        best_h, best_o = None, None
-        for bv, nw, ns in STATE_CFGS:  # the state kernel alone: fwd_h's launch, timed as two_kernel minus fwd_o
+
+        def trial(stage: str, cfg: tuple, programs: int, **opts) -> float | None:
+            """Run two_kernel with opts, compare with the default bit for bit, time it; its ms if bit-equal."""
+            label = "BV{} w{} s{}".format(*cfg)
             try:
                 o.fill_(float("nan"))
-                two_kernel(base, v, o, plan, h0, ht, 0.1, False, BV=bv, num_warps=nw, num_stages=ns, out_BV=64,
-                           out_warps=4)
+                two_kernel(base, v, o, plan, h0, ht, 0.1, False, **opts)
                 torch.cuda.synchronize()
                 same = torch.equal(o, o_ref) and torch.equal(ht, ht_ref)
-                t = graph_ms(lambda: two_kernel(base, v, o, plan, h0, ht, 0.1, False, BV=bv, num_warps=nw,
-                                                num_stages=ns, out_BV=64, out_warps=4))
-                add(T=T, stage="fwd_h + fwd_o(64, w4)", config=f"BV{bv} w{nw} s{ns}", BV=bv, num_warps=nw,
-                    num_stages=ns, ms=t, bit_equal=same, maxdiff=float((o.float() - o_ref.float()).abs().max()),
-                    programs=(V // bv) * HV)
-                if same and (best_h is None or t < best_h[0]):
-                    best_h = (t, bv, nw, ns)
+                t = graph_ms(lambda: two_kernel(base, v, o, plan, h0, ht, 0.1, False, **opts))
+                add(T=T, stage=stage, config=label, BV=cfg[0], num_warps=cfg[1], num_stages=cfg[2], ms=t,
+                    bit_equal=same, maxdiff=float((o.float() - o_ref.float()).abs().max()), programs=programs)
+                return t if same else None
             except Exception as e:  # noqa: BLE001
-                add(T=T, stage="fwd_h + fwd_o(64, w4)", config=f"BV{bv} w{nw} s{ns}", error=repr(e)[:300])
-        _, hbv, hnw, hns = best_h
-        for bv, nw, ns in OUT_CFGS:
-            try:
-                o.fill_(float("nan"))
-                two_kernel(base, v, o, plan, h0, ht, 0.1, False, BV=hbv, num_warps=hnw, num_stages=hns, out_BV=bv,
-                           out_warps=nw, out_stages=ns)
-                torch.cuda.synchronize()
-                same = torch.equal(o, o_ref) and torch.equal(ht, ht_ref)
-                t = graph_ms(lambda: two_kernel(base, v, o, plan, h0, ht, 0.1, False, BV=hbv, num_warps=hnw,
-                                                num_stages=hns, out_BV=bv, out_warps=nw, out_stages=ns))
-                add(T=T, stage=f"fwd_h(BV{hbv} w{hnw} s{hns}) + fwd_o", config=f"BV{bv} w{nw} s{ns}", BV=bv,
-                    num_warps=nw, num_stages=ns, ms=t, bit_equal=same,
-                    maxdiff=float((o.float() - o_ref.float()).abs().max()), programs=(V // bv) * plan.n_chunks * HV)
-                if same and (best_o is None or t < best_o[0]):
-                    best_o = (t, bv, nw, ns)
-            except Exception as e:  # noqa: BLE001
-                add(T=T, stage="fwd_o", config=f"BV{bv} w{nw} s{ns}", error=repr(e)[:300])
+                add(T=T, stage=stage, config=label, error=repr(e)[:300])
+                return None
+
+        # the state kernel's configs, the output kernel fixed; then the output kernel's, with the best state config
+        timed = {c: trial("fwd_h + fwd_o(64, w4)", c, (V // c[0]) * HV, BV=c[0], num_warps=c[1], num_stages=c[2],
+                          out_BV=64, out_warps=4) for c in STATE_CFGS}
+        hbv, hnw, hns = min((c for c in timed if timed[c] is not None), key=timed.get)
+        timed = {c: trial(f"fwd_h(BV{hbv} w{hnw} s{hns}) + fwd_o", c, (V // c[0]) * plan.n_chunks * HV, BV=hbv,
+                          num_warps=hnw, num_stages=hns, out_BV=c[0], out_warps=c[1], out_stages=c[2])
+                 for c in OUT_CFGS}
+        obv, onw, ons = min((c for c in timed if timed[c] is not None), key=timed.get)
         # FLA's stages, each alone
         try:
             from fla.modules.norm.l2norm import l2norm_fwd
@@ -429,7 +418,6 @@ def stages(env: dict, out_dir: str) -> pd.DataFrame:
         # whole calls: the default, and the fastest eligible config of every stage
         kw = inp.kwargs()
         _, pform, pnw = best_pro
-        _, obv, onw, ons = best_o
         best = dict(prologue_solve=pform, prologue_warps=pnw, BV=hbv, num_warps=hnw, num_stages=hns, out_BV=obv,
                     out_warps=onw, out_stages=ons)
         for name, be, opts in [("two_kernel", "two_kernel", {}), ("fast (current)", "fast", {}),

@@ -16,7 +16,7 @@ import torch
 from gdnlab import reference
 from gdnlab.auto import auto_backend
 from gdnlab.kernels.fused import FIXED, SHIPPED
-from gdnlab.kernels.prologue import SOLVE
+from gdnlab.kernels.prologue import SOLVE, SOLVES
 from gdnlab.validate import Problem, check_inputs
 
 Backend = Callable[..., tuple[torch.Tensor, torch.Tensor | None]]
@@ -94,8 +94,8 @@ def _triton(path: str, **defaults: Any) -> Backend:
         bv = opts.pop("BV", 64)
         if bv not in (8, 16, 32, 64):
             raise ValueError(f"BV: must be one of 8, 16, 32, 64, got {bv!r}")
-        if opts.get("prologue_solve", SOLVE) not in ("blocks", "tf32x3", "ieee"):
-            raise ValueError(f"prologue_solve: must be 'blocks', 'tf32x3' or 'ieee', got {opts['prologue_solve']!r}")
+        if opts.get("prologue_solve", SOLVE) not in SOLVES:
+            raise ValueError(f"prologue_solve: must be one of {', '.join(SOLVES)}, got {opts['prologue_solve']!r}")
         if opts.get("out_BV") not in (None, 8, 16, 32, 64, 128):
             raise ValueError(f"out_BV: must be one of 8, 16, 32, 64, 128, got {opts['out_BV']!r}")
         poison = bool(opts.pop("poison", False))

@@ -18,6 +18,8 @@ from gdnlab.kernels.tiles import load_rows, store_rows
 BT = 64
 #: How the prologue finishes T = (I + A)^-1 after its 16x16 diagonal blocks (see _solve).
 SOLVE = "blocks"
+#: Every way of finishing it that _solve knows.
+SOLVES = ("blocks", "tf32x3", "ieee")
 
 
 @triton.jit
