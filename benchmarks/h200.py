@@ -25,6 +25,7 @@ import triton.language as tl
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import gdnlab  # noqa: E402
+from gdnlab.backends import get_backend  # noqa: E402
 from gdnlab.cases import CASES, ISOLATION  # noqa: E402
 from gdnlab.inputs import make_inputs  # noqa: E402
 from gdnlab.kernels import ChunkPlan, alloc, fused, l2norm, run_prologue, two_kernel  # noqa: E402
@@ -432,11 +433,139 @@ def stages(env: dict, out_dir: str) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+#: Candidate changes to "fast" (fourth session), by study: name -> (base backend, options on top of it). Each
+#: study is timed against "fast" and FLA in rounds (`--variants STUDY`; variants_STUDY.csv).
+STUDIES = {
+    # programmatic dependent launch of every kernel; q's l2-norm inside the output kernel
+    "pdl_nq": {  # variants_pdl_nq.csv (its rows say study "pdl_nq" only from the next run on)
+        "fast+pdl": ("fast", dict(pdl=True)),
+        "fast+nq": ("fast", dict(norm_q_in_output=True)),
+        "fast+pdl+nq": ("fast", dict(pdl=True, norm_q_in_output=True)),
+        "two_kernel+pdl+nq": ("two_kernel", dict(pdl=True, norm_q_in_output=True)),
+    },
+    # configs for short prefills, where every input is read cold once (rotated sets)
+    "small": {
+        "fast+pw4": ("fast", dict(prologue_warps=4)),
+        "fast+pw4+nq": ("fast", dict(prologue_warps=4, norm_q_in_output=True)),
+        "fast+nq": ("fast", dict(norm_q_in_output=True)),
+        "pw4+bv64+o64": ("two_kernel", {}),
+        "pw4+bv64+o64+nq": ("two_kernel", dict(norm_q_in_output=True)),
+        "pw4+bv32+o64": ("two_kernel", dict(BV=32, out_BV=64)),
+        "pw4+bv64+o128": ("two_kernel", dict(out_BV=128)),
+        "pw2+bv64+o128": ("two_kernel", dict(prologue_warps=2, out_BV=128)),
+    },
+    # v loaded before the prologue's solve; the state kernel at BV 16 (256 programs)
+    "early_v": {
+        "fast+ev": ("fast", dict(prologue_early_v=True)),
+        "fast+bv16": ("fast", dict(BV=16)),
+        "fast+ev+bv16": ("fast", dict(prologue_early_v=True, BV=16)),
+        "fast+nq": ("fast", dict(norm_q_in_output=True)),
+        "fast+pw4+ev": ("fast", dict(prologue_warps=4, prologue_early_v=True)),
+    },
+}
+
+
+def _register_variants(study: dict) -> None:
+    for name, (base, opts) in study.items():
+        if name == base or name in ("fast", "fla", "two_kernel"):
+            raise ValueError(f"variant {name!r} would replace the backend it compares with")
+
+        def run(q, k, v, g, beta, _base=base, _opts=opts, **kw):
+            return get_backend(_base)(q, k, v, g, beta, **{**_opts, **kw})
+        run.validates_itself = True
+        gdnlab.register_backend(name, run, overwrite=True)
+
+
+def variants(env: dict, bw: float, study: str, shapes=None, rounds: int = 3) -> pd.DataFrame:
+    """Each candidate of STUDIES[study], "fast" and FLA at every bench shape (or `shapes`): first checked bit for
+    bit against "fast" (poisoned outputs), then timed (eager and graph) in `rounds` interleaved rounds, so that
+    drift between the backends' measurements is shared."""
+    cands = STUDIES[study]
+    _register_variants(cands)
+    names = ["fast", *cands, "fla"]
+    rows = []
+    for B, T in shapes or SHAPES:
+        sets = _sets(B, T)
+        tokens = sum(VARLEN) if B == "varlen" else B * T
+        kw = _kwargs(sets[0], "fast")
+        o_ref, h_ref = gdnlab.chunk_gated_delta_rule(**kw, backend="fast", poison=True)
+        checks = {}
+        for be in cands:
+            try:
+                o, h = gdnlab.chunk_gated_delta_rule(**kw, backend=be, poison=True)
+                torch.cuda.synchronize()
+                checks[be] = dict(bit_equal_fast=bool(torch.equal(o, o_ref) and torch.equal(h, h_ref)),
+                                  maxdiff_fast=float((o.float() - o_ref.float()).abs().max()),
+                                  all_written=bool(torch.isfinite(o).all()))
+            except Exception as e:  # noqa: BLE001
+                checks[be] = dict(error=repr(e)[:300])
+            log("variant check", B, T, be, checks[be])
+        for r in range(rounds):
+            for be in names:
+                try:
+                    ms, gms = time_backend(be, sets)
+                    rows.append(dict(backend=be, B=B, T=T if T else tokens, tokens=tokens, round=r, ms=ms,
+                                     graph_ms=gms, floor_ms=floor_bytes(sets[0]) / bw * 1e3, **checks.get(be, {})))
+                except Exception as e:  # noqa: BLE001
+                    rows.append(dict(backend=be, B=B, T=T, tokens=tokens, round=r, error=repr(e)[:300]))
+                log("variant", be, B, T, r, rows[-1].get("ms"), rows[-1].get("graph_ms"))
+        del sets
+        torch.cuda.empty_cache()
+    df = pd.DataFrame(rows)
+    df["study"] = study
+    med = df.groupby(["B", "T", "backend"], sort=False)["graph_ms"].median().unstack()
+    print((med.div(med["fla"], axis=0)).round(3).to_string(), flush=True)
+    df["copy_bw_GBps"] = bw / 1e9
+    for key in ("device", "torch", "triton", "date"):
+        df[key] = env[key]
+    return df
+
+
+def _fla_autotuners() -> dict:
+    """Every triton Autotuner object in the loaded fla modules, by qualified name."""
+    from triton.runtime.autotuner import Autotuner
+    found = {}
+    for mname, mod in list(sys.modules.items()):
+        if mname.startswith("fla.") and mod is not None:
+            for aname, obj in list(vars(mod).items()):
+                for _ in range(4):  # through heuristics and other wrappers, to the autotuner
+                    if isinstance(obj, Autotuner):
+                        found[f"{mname}.{aname}"] = obj
+                        break
+                    obj = getattr(obj, "fn", None)
+    return found
+
+
+def fla_tuning(env: dict, tokens=(2048, 8192, 32768), draws: int = 4) -> pd.DataFrame:
+    """Is FLA's run-to-run spread its autotuner? Per size, `draws` times: clear every FLA autotuner's cache, call
+    FLA once (it re-tunes), time it in graph replay (rotated sets), record the configs it picked."""
+    rows = []
+    for T in tokens:
+        sets = _sets(1, T)
+        for d in range(draws):
+            for tuner in _fla_autotuners().values():
+                tuner.cache.clear()
+            gdnlab.chunk_gated_delta_rule(**_kwargs(sets[0], "fla"), backend="fla")
+            torch.cuda.synchronize()
+            _, gms = time_backend("fla", sets)
+            picked = {n.split(".")[-1]: str(c) for n, t in _fla_autotuners().items() for c in t.cache.values()}
+            _, fast_gms = time_backend("fast", sets)
+            rows.append(dict(T=T, draw=d, fla_graph_ms=gms, fast_graph_ms=fast_gms, configs=json.dumps(picked)))
+            log("fla tuning", T, d, gms, fast_gms, picked)
+        del sets
+        torch.cuda.empty_cache()
+    df = pd.DataFrame(rows)
+    for key in ("device", "torch", "triton", "date"):
+        df[key] = env[key]
+    return df
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--parts", default="env,prologue,conformance,mma,bench,breakdown")
     ap.add_argument("--backends", default="", help="comma list for conformance and bench (default: all but reference)")
+    ap.add_argument("--variants", default="pdl_nq", choices=sorted(STUDIES), help="study of the variants part")
     ap.add_argument("--probe", default="", help="probe CSV: path,BV,num_warps,status,... (breakdown times ok ones)")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
@@ -456,10 +585,14 @@ def main() -> int:
     chosen = args.backends.split(",") if args.backends else None
     jobs = dict(conformance=lambda: conformance(env, chosen), mma=lambda: mma_hardware(env),
                 prologue=lambda: prologue_variants(env),
-                breakdown=lambda: breakdown(env, ok), stages=lambda: stages(env, args.out))
-    if "bench" in parts:
+                breakdown=lambda: breakdown(env, ok), stages=lambda: stages(env, args.out),
+                fla_tuning=lambda: fla_tuning(env))
+    if "bench" in parts or "variants" in parts:
         bw = copy_bandwidth()
         log("copy bandwidth GB/s", bw / 1e9)
+        shapes = dict(small=[(1, 512), (1, 1024), (1, 2048), (1, 8192)],
+                      early_v=[(1, 512), (1, 1024), (1, 2048), (1, 4096), (1, 8192), (1, 32768)]).get(args.variants)
+        jobs["variants"] = lambda: variants(env, bw, args.variants, shapes)
         backends = args.backends.split(",") if args.backends else [b for b in gdnlab.BACKENDS if b != "reference"]
         jobs["bench"] = lambda: bench(env, bw, backends)
     status = 0
@@ -469,7 +602,8 @@ def main() -> int:
         t0 = time.time()
         try:
             df = jobs[part]()
-            name = {"mma": "mma_model_vs_hardware", "prologue": "prologue_variants"}.get(part, part)
+            name = {"mma": "mma_model_vs_hardware", "prologue": "prologue_variants",
+                    "variants": f"variants_{args.variants}"}.get(part, part)
             df.to_csv(os.path.join(args.out, f"{name}.csv"), index=False)
             log(part, f"done in {time.time() - t0:.0f}s")
             print(df.to_string(max_rows=60, max_colwidth=40), flush=True)

@@ -76,7 +76,9 @@ def _reference(q, k, v, g, beta, **kw: Any):
 def _triton(path: str, **defaults: Any) -> Backend:
     """A backend that runs the lab's Triton kernels: `path` is "two_kernel" or "fused". Every path takes the
     prologue's options too: `prologue_warps` (its num_warps) and `fuse_norm` (the q/k l2-norm inside the prologue
-    instead of two launches of its own)."""
+    instead of two launches of its own). The two-kernel path also takes `norm_q_in_output` (q's l2-norm inside the
+    output kernel, one launch and one pass over q fewer) and `pdl` (programmatic dependent launch of its kernels,
+    where the device has it; ignored elsewhere)."""
 
     def run(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
             use_qk_l2norm_in_kernel=False, cu_seqlens=None, state_v_first=False, **options: Any):
@@ -86,8 +88,10 @@ def _triton(path: str, **defaults: Any) -> Backend:
                                   output_final_state=output_final_state,
                                   use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)
         opts = {**defaults, **options}
-        allowed = {"BV", "poison", "num_warps", "num_stages", "prologue_warps", "prologue_solve", "fuse_norm"} | (
-            {"downcast", "intra_vnew"} if path == "fused" else {"out_BV", "out_warps", "out_stages"})
+        allowed = {"BV", "poison", "num_warps", "num_stages", "prologue_warps", "prologue_solve", "fuse_norm",
+                   "prologue_early_v"} | (
+            {"downcast", "intra_vnew"} if path == "fused" else {"out_BV", "out_warps", "out_stages", "pdl",
+                                                                 "norm_q_in_output"})
         unknown = set(opts) - allowed
         if unknown:
             raise TypeError(f"options: {path} backend does not take {sorted(unknown)}; it takes {sorted(allowed)}")
@@ -106,7 +110,9 @@ def _triton(path: str, **defaults: Any) -> Backend:
 
         plan = ChunkPlan.build(p.seq_bounds, q.device)
         pro_opts = dict(fuse_norm=bool(opts.pop("fuse_norm", False)), num_warps=int(opts.pop("prologue_warps", 4)),
-                        solve=opts.pop("prologue_solve", SOLVE))
+                        solve=opts.pop("prologue_solve", SOLVE),
+                        norm_q_in_output=bool(opts.pop("norm_q_in_output", False)), pdl=bool(opts.get("pdl", False)),
+                        early_v=bool(opts.pop("prologue_early_v", False)))
         vf = flat(v)
         pro = run_prologue(flat(q), flat(k), vf, flat(g, torch.float32), flat(beta), plan, use_qk_l2norm_in_kernel,
                            poison, **pro_opts)

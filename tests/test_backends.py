@@ -59,6 +59,24 @@ def test_fast_configuration_is_bit_equal_on_cpu():
     assert torch.equal(o, of) and torch.equal(h, hf)
 
 
+def test_q_norm_in_output_kernel_is_bit_equal_on_cpu():
+    """q's l2-norm moved into the output kernel (and PDL asked for, which the CPU ignores) changes launches, not
+    numbers: bit-equal to the separate l2norm launch, every element written."""
+    kw = make_inputs(B=1, T=150, H=2, HV=4, K=128, V=128, seed=5, decay=0.1).kwargs()
+    assert kw["use_qk_l2norm_in_kernel"] and kw["output_final_state"]
+    o, h = gdnlab.chunk_gated_delta_rule(**kw, backend="two_kernel")
+    for opts in (dict(norm_q_in_output=True), dict(norm_q_in_output=True, pdl=True, out_BV=128)):
+        of, hf = gdnlab.chunk_gated_delta_rule(**kw, backend="two_kernel", poison=True, **opts)
+        assert not of.isnan().any()
+        assert torch.equal(o, of) and torch.equal(h, hf), opts
+
+
+def test_fused_path_does_not_take_the_two_kernel_options():
+    kw = make_inputs(B=1, T=70, H=1, HV=2, K=64, V=64, seed=6).kwargs()
+    with pytest.raises(TypeError, match="norm_q_in_output"):
+        gdnlab.chunk_gated_delta_rule(**kw, backend="fused_fixed", norm_q_in_output=True)
+
+
 @pytest.mark.parametrize("opt,val", [("out_BV", 96), ("prologue_solve", "rows")])
 def test_bad_kernel_options_name_the_option(opt, val):
     kw = _kw()

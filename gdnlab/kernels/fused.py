@@ -101,6 +101,8 @@ def fused(pro: Prologue, v: torch.Tensor, o: torch.Tensor, plan: ChunkPlan, init
           state_v_first: bool, BV: int = 64, downcast: bool = True, intra_vnew: bool = True, num_warps: int = 4,
           num_stages: int = 2) -> None:
     """The fused state+output kernel on flattened tensors; writes o and (if given) ht."""
+    if pro.norm_q:
+        raise ValueError("fused: the fused kernel reads q normalised; run the prologue without norm_q_in_output")
     tokens, H, K = pro.k.shape
     HV, V = v.shape[1], v.shape[2]
     N = plan.cu_seqlens.numel() - 1

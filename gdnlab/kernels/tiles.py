@@ -7,6 +7,21 @@ import triton
 import triton.language as tl
 
 
+@triton.jit
+def after_previous_kernel(PDL: tl.constexpr):
+    """Under programmatic dependent launch (PDL, Hopper and later): wait until the kernel before this one in the
+    stream has finished and its writes are visible, then let the next kernel's programs start launching, so that
+    launch latency overlaps the tail of this one. Nothing without PDL. Called before the first global access."""
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+
+
+@triton.jit
+def l2_norm_of_rows(x):
+    """sqrt(sum(x^2) + 1e-6) per row of an fp32 tile: the one l2-norm denominator of every kernel."""
+    return tl.sqrt(tl.sum(x * x, 1) + 1e-6)
+
 
 @triton.jit
 def load_rows(ptr, rows, mrow, stride, col0, NCOL: tl.constexpr, COLS: tl.constexpr):
@@ -50,9 +65,14 @@ def store_state(base, k0, v0, val, K: tl.constexpr, V: tl.constexpr, BV: tl.cons
 
 
 @triton.jit
-def inter_and_scores(q_ptr, k_ptr, rows, mrow, sqk, k0, h, K: tl.constexpr):
-    """Q.h (inter-chunk term, fp32) and Q.K^T (raw scores) for one 64-wide K tile. h is [64, BV], bf16 or fp32."""
+def inter_and_scores(q_ptr, k_ptr, rows, mrow, sqk, k0, h, K: tl.constexpr, q_norm=1.0,
+                     NORM_Q: tl.constexpr = False):
+    """Q.h (inter-chunk term, fp32) and Q.K^T (raw scores) for one 64-wide K tile. h is [64, BV], bf16 or fp32.
+    With NORM_Q, q is read as given and divided by its rows' l2 norms `q_norm` (fp32, l2_norm_of_rows of the whole
+    row), then rounded back to q's dtype: the same numbers an l2-norm kernel would have stored."""
     q = load_rows(q_ptr, rows, mrow, sqk, k0, 64, K)
+    if NORM_Q:
+        q = (q.to(tl.float32) / q_norm[:, None]).to(q.dtype)
     k = load_rows(k_ptr, rows, mrow, sqk, k0, 64, K)
     return tl.dot(q.to(h.dtype), h, input_precision="ieee"), tl.dot(q, tl.trans(k))
 

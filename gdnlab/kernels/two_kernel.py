@@ -8,15 +8,17 @@ import triton.language as tl
 
 from gdnlab.interp import launch
 from gdnlab.kernels.prologue import BT, ChunkPlan, Prologue, alloc
-from gdnlab.kernels.tiles import (absorb_all, gated_delta, chunk_output, inter_and_scores, load_rows, load_state,
-                                  store_rows, store_state, w_times_h)
+from gdnlab.kernels.tiles import (absorb_all, after_previous_kernel, gated_delta, chunk_output, inter_and_scores,
+                                  l2_norm_of_rows, load_rows, load_state, store_rows, store_state, w_times_h)
 
 
 @triton.jit
 def fwd_h_kernel(k_ptr, u_ptr, w_ptr, gcum_ptr, h_ptr, vnew_ptr, h0_ptr, ht_ptr, cu_ptr, choff_ptr,
                  H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
-                 HAS_H0: tl.constexpr, STORE_HT: tl.constexpr, STATE_V_FIRST: tl.constexpr, BT: tl.constexpr):
+                 HAS_H0: tl.constexpr, STORE_HT: tl.constexpr, STATE_V_FIRST: tl.constexpr, BT: tl.constexpr,
+                 PDL: tl.constexpr = False):
     """One program per (V tile, sequence, value head): carry the fp32 state, store bf16 h and V_new per chunk."""
+    after_previous_kernel(PDL)
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_hv = i_nh // HV, i_nh % HV
     i_h = i_hv // (HV // H)
@@ -74,8 +76,10 @@ def fwd_h_kernel(k_ptr, u_ptr, w_ptr, gcum_ptr, h_ptr, vnew_ptr, h0_ptr, ht_ptr,
 @triton.jit
 def fwd_o_kernel(q_ptr, k_ptr, vnew_ptr, gcum_ptr, h_ptr, o_ptr, cu_ptr, chunks_ptr, scale,
                  H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
-                 BT: tl.constexpr):
-    """One program per (V tile, chunk, value head): the chunk's output from its bf16 h and bf16 V_new."""
+                 BT: tl.constexpr, NORM_Q: tl.constexpr = False, KP: tl.constexpr = 64, PDL: tl.constexpr = False):
+    """One program per (V tile, chunk, value head): the chunk's output from its bf16 h and bf16 V_new. With NORM_Q
+    it l2-normalises its q rows itself (KP: K padded to a power of two)."""
+    after_previous_kernel(PDL)
     i_v, i_c, i_hv = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_n = tl.load(chunks_ptr + 2 * i_c)
     i_t = tl.load(chunks_ptr + 2 * i_c + 1)
@@ -88,19 +92,22 @@ def fwd_o_kernel(q_ptr, k_ptr, vnew_ptr, gcum_ptr, h_ptr, o_ptr, cu_ptr, chunks_
     qh, kh = q_ptr + i_h * K, k_ptr + i_h * K
     hb = h_ptr + (i_c.to(tl.int64) * HV + i_hv) * K * V
     g_cum = tl.load(gcum_ptr + rows * HV + i_hv, mask=mrow, other=0.0)
+    qn = tl.full([BT], 1.0, tl.float32)
+    if NORM_Q:
+        qn = l2_norm_of_rows(load_rows(qh, rows, mrow, H * K, 0, KP, K).to(tl.float32))
     o_acc, sc = inter_and_scores(qh, kh, rows, mrow, H * K, 0, load_state(hb, 0, v0, K, V, BV, False).to(
-        tl.bfloat16), K)
+        tl.bfloat16), K, qn, NORM_Q)
     if K > 64:
         oi, si = inter_and_scores(qh, kh, rows, mrow, H * K, 64, load_state(hb, 64, v0, K, V, BV, False).to(
-            tl.bfloat16), K)
+            tl.bfloat16), K, qn, NORM_Q)
         o_acc, sc = o_acc + oi, sc + si
     if K > 128:
         oi, si = inter_and_scores(qh, kh, rows, mrow, H * K, 128, load_state(hb, 128, v0, K, V, BV, False).to(
-            tl.bfloat16), K)
+            tl.bfloat16), K, qn, NORM_Q)
         o_acc, sc = o_acc + oi, sc + si
     if K > 192:
         oi, si = inter_and_scores(qh, kh, rows, mrow, H * K, 192, load_state(hb, 192, v0, K, V, BV, False).to(
-            tl.bfloat16), K)
+            tl.bfloat16), K, qn, NORM_Q)
         o_acc, sc = o_acc + oi, sc + si
     v_new = load_rows(vnew_ptr + i_hv * V, rows, mrow, HV * V, v0, BV, V)
     out = chunk_output(o_acc, sc, g_cum, rows, mrow, v_new, scale)
@@ -110,10 +117,11 @@ def fwd_o_kernel(q_ptr, k_ptr, vnew_ptr, gcum_ptr, h_ptr, o_ptr, cu_ptr, chunks_
 def two_kernel(pro: Prologue, v: torch.Tensor, o: torch.Tensor, plan: ChunkPlan, initial_state, ht, scale: float,
                state_v_first: bool, BV: int = 64, poison: bool = False, num_warps: int = 4,
                num_stages: int | None = None, out_BV: int | None = None, out_warps: int | None = None,
-               out_stages: int | None = None) -> None:
+               out_stages: int | None = None, pdl: bool = False) -> None:
     """State kernel then output kernel on flattened tensors; writes o and (if given) ht. `BV`, `num_warps` and
     `num_stages` configure the state kernel, and the output kernel too unless its `out_*` options are given
-    (None: Triton's default stages)."""
+    (None: Triton's default stages). The output kernel l2-normalises q when the prologue left that to it
+    (pro.norm_q). `pdl`: both launches with programmatic dependent launch where the device has it."""
     tokens, H, K = pro.k.shape
     HV, V = v.shape[1], v.shape[2]
     N = plan.cu_seqlens.numel() - 1
@@ -126,9 +134,10 @@ def two_kernel(pro: Prologue, v: torch.Tensor, o: torch.Tensor, plan: ChunkPlan,
     launch(fwd_h_kernel, (triton.cdiv(V, BV), N * HV), pro.k, pro.u, pro.w, pro.g_cum, h, v_new,
            initial_state if initial_state is not None else dummy, ht if ht is not None else dummy,
            plan.cu_seqlens, plan.chunk_offsets, H=H, HV=HV, K=K, V=V, BV=BV, HAS_H0=initial_state is not None,
-           STORE_HT=ht is not None, STATE_V_FIRST=state_v_first, BT=BT, num_warps=num_warps, device=dev,
+           STORE_HT=ht is not None, STATE_V_FIRST=state_v_first, BT=BT, num_warps=num_warps, device=dev, pdl=pdl,
            **({} if num_stages is None else dict(num_stages=num_stages)))
     if plan.n_chunks:
         launch(fwd_o_kernel, (triton.cdiv(V, out_BV), plan.n_chunks, HV), pro.q, pro.k, v_new, pro.g_cum, h, o,
-               plan.cu_seqlens, plan.chunks, scale, H=H, HV=HV, K=K, V=V, BV=out_BV, BT=BT, num_warps=out_warps,
-               device=dev, **({} if out_stages is None else dict(num_stages=out_stages)))
+               plan.cu_seqlens, plan.chunks, scale, H=H, HV=HV, K=K, V=V, BV=out_BV, BT=BT, NORM_Q=pro.norm_q,
+               KP=triton.next_power_of_2(K), num_warps=out_warps, device=dev, pdl=pdl,
+               **({} if out_stages is None else dict(num_stages=out_stages)))
