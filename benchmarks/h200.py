@@ -1,6 +1,7 @@
 """One device call on a CUDA GPU: check, compare and time every backend; write CSV/JSON under --out.
 
-    python3 benchmarks/h200.py --out $OUT [--parts env,prologue,conformance,mma,bench,breakdown]
+    python3 benchmarks/h200.py --out $OUT [--parts env,prologue,conformance,mma,bench,breakdown,stages,variants,
+                                           fla_tuning,in_situ] [--variants STUDY]
 
 Each part records its own failures instead of stopping the run, so one call yields everything it can. Results are
 committed under reports/h200/ with the device, driver, torch and Triton versions and the date (env.json).
@@ -434,16 +435,16 @@ def stages(env: dict, out_dir: str) -> pd.DataFrame:
 
 
 #: Candidate changes to "fast" (fourth session), by study: name -> (base backend, options on top of it). Each
-#: study is timed against "fast" and FLA in rounds (`--variants STUDY`; variants_STUDY.csv).
+#: study is timed against "fast" and FLA in rounds (`--variants STUDY`; variants_STUDY.csv). The studies "pdl_nq"
+#: (programmatic dependent launch) and "early_v" (v loaded before the prologue's solve; state kernel BV 16) ran
+#: with options since removed as slower; their code is commit 6f46325 (benchmarks/NOTES.md item 12).
 STUDIES = {
-    # programmatic dependent launch of every kernel; q's l2-norm inside the output kernel
-    "pdl_nq": {  # variants_pdl_nq.csv (its rows say study "pdl_nq" only from the next run on)
-        "fast+pdl": ("fast", dict(pdl=True)),
-        "fast+nq": ("fast", dict(norm_q_in_output=True)),
-        "fast+pdl+nq": ("fast", dict(pdl=True, norm_q_in_output=True)),
-        "two_kernel+pdl+nq": ("two_kernel", dict(pdl=True, norm_q_in_output=True)),
+    # configs for short prefills, where every input is read cold once (rotated sets); when it ran, "fast" had 2
+    # prologue warps at every size and q normalised by its own launch
+    # int32 indices in the kernels (the default where no buffer needs int64) against int64 everywhere
+    "index": {
+        "fast+i64": ("fast", dict(index64=True)),
     },
-    # configs for short prefills, where every input is read cold once (rotated sets)
     "small": {
         "fast+pw4": ("fast", dict(prologue_warps=4)),
         "fast+pw4+nq": ("fast", dict(prologue_warps=4, norm_q_in_output=True)),
@@ -453,14 +454,6 @@ STUDIES = {
         "pw4+bv32+o64": ("two_kernel", dict(BV=32, out_BV=64)),
         "pw4+bv64+o128": ("two_kernel", dict(out_BV=128)),
         "pw2+bv64+o128": ("two_kernel", dict(prologue_warps=2, out_BV=128)),
-    },
-    # v loaded before the prologue's solve; the state kernel at BV 16 (256 programs)
-    "early_v": {
-        "fast+ev": ("fast", dict(prologue_early_v=True)),
-        "fast+bv16": ("fast", dict(BV=16)),
-        "fast+ev+bv16": ("fast", dict(prologue_early_v=True, BV=16)),
-        "fast+nq": ("fast", dict(norm_q_in_output=True)),
-        "fast+pw4+ev": ("fast", dict(prologue_warps=4, prologue_early_v=True)),
     },
 }
 
@@ -536,15 +529,18 @@ def _fla_autotuners() -> dict:
     return found
 
 
-def fla_tuning(env: dict, tokens=(2048, 8192, 32768), draws: int = 4) -> pd.DataFrame:
-    """Is FLA's run-to-run spread its autotuner? Per size, `draws` times: clear every FLA autotuner's cache, call
-    FLA once (it re-tunes), time it in graph replay (rotated sets), record the configs it picked."""
+def fla_tuning(env: dict, tokens=(2048, 32768), draws: int = 4) -> pd.DataFrame:
+    """Is FLA's run-to-run spread its autotuner? Per size, `draws` times: clear every FLA autotuner's cache (and
+    its on-disk results, so that it times its configs again), call FLA once (it re-tunes), time it in graph replay
+    (rotated sets), record the configs it picked."""
     rows = []
     for T in tokens:
         sets = _sets(1, T)
         for d in range(draws):
             for tuner in _fla_autotuners().values():
                 tuner.cache.clear()
+                if hasattr(tuner, "cache_results"):
+                    tuner.cache_results = False
             gdnlab.chunk_gated_delta_rule(**_kwargs(sets[0], "fla"), backend="fla")
             torch.cuda.synchronize()
             _, gms = time_backend("fla", sets)
@@ -560,12 +556,65 @@ def fla_tuning(env: dict, tokens=(2048, 8192, 32768), draws: int = 4) -> pd.Data
     return df
 
 
+def in_situ(env: dict, backends=("fast", "fla")) -> pd.DataFrame:
+    """Device time of every kernel inside one whole call, replayed from a CUDA graph under torch.profiler (CUPTI
+    traces the graph's kernels), per bench shape and backend: what each stage costs where it runs cold, next to
+    the graph time of the same replays (the rest is gaps between kernels)."""
+    from torch.profiler import ProfilerActivity, profile
+    rows = []
+    reps = 20
+    for B, T in SHAPES:
+        sets = _sets(B, T)
+        tokens = sum(VARLEN) if B == "varlen" else B * T
+        for be in backends:
+            try:
+                graphs = []
+                for st in sets:
+                    kw = _kwargs(st, be)
+                    gdnlab.chunk_gated_delta_rule(**kw, backend=be)
+                    torch.cuda.synchronize()
+                    gr = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(gr):
+                        gdnlab.chunk_gated_delta_rule(**kw, backend=be)
+                    graphs.append(gr)
+                for gr in graphs:
+                    gr.replay()
+                torch.cuda.synchronize()
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                    start.record()
+                    for i in range(reps):
+                        graphs[i % len(graphs)].replay()
+                    end.record()
+                    torch.cuda.synchronize()
+                span = start.elapsed_time(end) / reps
+                for ev in prof.key_averages():
+                    t = getattr(ev, "self_device_time_total", None)
+                    t = getattr(ev, "self_cuda_time_total", 0) if t is None else t
+                    if t:
+                        rows.append(dict(backend=be, B=B, T=T if T else tokens, tokens=tokens, kernel=ev.key[:120],
+                                         calls_per_call=ev.count / reps, us_per_call=t / reps,
+                                         call_ms_profiled=span))
+            except Exception as e:  # noqa: BLE001
+                rows.append(dict(backend=be, B=B, T=T, tokens=tokens, error=repr(e)[:300]))
+            log("in situ", be, B, T, sum(r.get("us_per_call", 0) for r in rows if r["backend"] == be
+                                         and r["B"] == B and r["tokens"] == tokens))
+        del sets
+        torch.cuda.empty_cache()
+    df = pd.DataFrame(rows)
+    for key in ("device", "torch", "triton", "date"):
+        df[key] = env[key]
+    return df
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--parts", default="env,prologue,conformance,mma,bench,breakdown")
     ap.add_argument("--backends", default="", help="comma list for conformance and bench (default: all but reference)")
-    ap.add_argument("--variants", default="pdl_nq", choices=sorted(STUDIES), help="study of the variants part")
+    ap.add_argument("--variants", default="small", choices=sorted(STUDIES), help="study of the variants part")
+    ap.add_argument("--register", default="", choices=["", *sorted(STUDIES)],
+                    help="register this study's candidates first, so that conformance and bench include them")
     ap.add_argument("--probe", default="", help="probe CSV: path,BV,num_warps,status,... (breakdown times ok ones)")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
@@ -582,19 +631,20 @@ def main() -> int:
         # Timed only where the config ran and matched the two-kernel path at BV=64 bit for bit.
         ok = {(c[0], int(c[1]), int(c[2])) for c in cells if c[3] == "ok" and c[4] == "True" and c[5].startswith("True")}
         ok |= {("two_kernel", 64, 4), ("fused", 64, 4)}  # the defaults: checked by the conformance part
+    if args.register:
+        _register_variants(STUDIES[args.register])
     chosen = args.backends.split(",") if args.backends else None
     jobs = dict(conformance=lambda: conformance(env, chosen), mma=lambda: mma_hardware(env),
                 prologue=lambda: prologue_variants(env),
                 breakdown=lambda: breakdown(env, ok), stages=lambda: stages(env, args.out),
-                fla_tuning=lambda: fla_tuning(env))
+                fla_tuning=lambda: fla_tuning(env), in_situ=lambda: in_situ(env))
     if "bench" in parts or "variants" in parts:
         bw = copy_bandwidth()
         log("copy bandwidth GB/s", bw / 1e9)
-        shapes = dict(small=[(1, 512), (1, 1024), (1, 2048), (1, 8192)],
-                      early_v=[(1, 512), (1, 1024), (1, 2048), (1, 4096), (1, 8192), (1, 32768)]).get(args.variants)
+        shapes = dict(small=[(1, 512), (1, 1024), (1, 2048), (1, 8192)]).get(args.variants)
         jobs["variants"] = lambda: variants(env, bw, args.variants, shapes)
-        backends = args.backends.split(",") if args.backends else [b for b in gdnlab.BACKENDS if b != "reference"]
-        jobs["bench"] = lambda: bench(env, bw, backends)
+        # the backends registered when the part runs (a variants part before it adds its candidates)
+        jobs["bench"] = lambda: bench(env, bw, chosen or [b for b in gdnlab.BACKENDS if b != "reference"])
     status = 0
     for part in parts:
         if part not in jobs:

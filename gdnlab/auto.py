@@ -1,16 +1,18 @@
 """The "auto" backend: a written rule, learned from reports/h200/bench.csv, that picks the fastest correct backend
 for a call from its shape and context, without timing anything per call.
 
-What the H200 benchmark (Qwen3-Next layer shape, 2026-12-02, with "fast" at its stage-study configuration) showed,
-and the rule it gives:
-- Replayed in a CUDA graph, device time is all that counts: "fast" is faster than flash-linear-attention ("fla")
-  from 2048 tokens up and on a batch of 8 x 2048; below that they tie or fla is a few percent faster (512 tokens:
-  0.065 vs 0.070 ms), so a captured call of fewer than ``GRAPH_FLA_BELOW`` tokens goes to fla. fla cannot be
-  captured with cu_seqlens (it copies them to the host), so a captured varlen call goes to the lab.
-- Called eagerly, fla pays ~0.4-1 ms of host work per call and "fast" has the lower device time from 2048 tokens
-  up, so every eager call goes to the lab. Below ~4096 tokens every lab path is host-bound (0.2-0.5 ms, run-to-run
-  noise of the same size).
-- Without CUDA or without fla, the lab's "fast" configuration is the only candidate.
+How the rule was learned (H200, Qwen3-Next layer shape, 2026-12-02; benchmarks/NOTES.md items 12-14):
+- Replayed in a CUDA graph, device time is all that counts. Against the previous fast (int64 indices) FLA was
+  ahead at 1024-2048 tokens in two of three machine starts, so the rule then sent captured calls of 1024-4095
+  tokens to FLA. The committed benchmark (reports/h200/bench.csv) ran that rule: at 1024 and 2048 tokens auto (FLA)
+  took 1.076x and 1.055x the time of the current fast, which was faster than FLA at every size of that run
+  (0.80-0.95x FLA's time). So no captured size goes to FLA now (``GRAPH_FLA`` is None). FLA's time depends on its
+  autotuner's picks: re-tuned later in the same process it ran 15% (2048 tokens) and 19% (32768) faster than after
+  its first tune, faster than fast there (reports/h200/fla_retune.csv). The window stays a parameter for that case.
+- Called eagerly, FLA pays ~0.4-1 ms of host work per call, so every eager call goes to the lab. Below ~4096
+  tokens every lab path is host-bound (0.2-0.5 ms, run-to-run noise of the same size).
+- A captured varlen call cannot go to FLA (it copies cu_seqlens to the host); without CUDA or without FLA, the
+  lab's fast is the only candidate.
 """
 from __future__ import annotations
 
@@ -18,8 +20,8 @@ from typing import Any
 
 import torch
 
-#: A call captured in a CUDA graph with fewer tokens than this goes to fla (measured: fla ahead at 512 and 1024).
-GRAPH_FLA_BELOW = 2048
+#: A call captured in a CUDA graph with tokens in [GRAPH_FLA[0], GRAPH_FLA[1]) goes to fla; None: no such sizes.
+GRAPH_FLA: tuple[int, int] | None = None
 #: The lab's backend the rule falls back on.
 LAB = "fast"
 
@@ -29,7 +31,8 @@ def choose(tokens: int, varlen: bool, on_cuda: bool, capturing: bool, fla_ok: bo
     from."""
     if not (on_cuda and fla_ok) or varlen:
         return LAB
-    return "fla" if capturing and tokens < GRAPH_FLA_BELOW else LAB
+    window = GRAPH_FLA
+    return "fla" if capturing and window is not None and window[0] <= tokens < window[1] else LAB
 
 
 def auto_backend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,

@@ -73,12 +73,14 @@ def _reference(q, k, v, g, beta, **kw: Any):
     return reference.recurrent_gated_delta_rule_ref(q, k, v, g, beta, **kw)
 
 
-def _triton(path: str, **defaults: Any) -> Backend:
+def _triton(path: str, by_size: Callable[[int, int], dict[str, Any]] | None = None, **defaults: Any) -> Backend:
     """A backend that runs the lab's Triton kernels: `path` is "two_kernel" or "fused". Every path takes the
     prologue's options too: `prologue_warps` (its num_warps) and `fuse_norm` (the q/k l2-norm inside the prologue
     instead of two launches of its own). The two-kernel path also takes `norm_q_in_output` (q's l2-norm inside the
-    output kernel, one launch and one pass over q fewer) and `pdl` (programmatic dependent launch of its kernels,
-    where the device has it; ignored elsewhere)."""
+    output kernel: one launch and one pass over q fewer) and `index64` (int64 indices in its kernels; default:
+    only where a buffer has 2^31 elements or more). `by_size(programs, sms)` gives defaults that depend on
+    the call: programs = chunks x value heads (the prologue's grid), sms = the device's multiprocessors. Options
+    passed to the call override both."""
 
     def run(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
             use_qk_l2norm_in_kernel=False, cu_seqlens=None, state_v_first=False, **options: Any):
@@ -87,11 +89,12 @@ def _triton(path: str, **defaults: Any) -> Backend:
                                   cu_seqlens=cu_seqlens, state_v_first=state_v_first,
                                   output_final_state=output_final_state,
                                   use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)
-        opts = {**defaults, **options}
-        allowed = {"BV", "poison", "num_warps", "num_stages", "prologue_warps", "prologue_solve", "fuse_norm",
-                   "prologue_early_v"} | (
-            {"downcast", "intra_vnew"} if path == "fused" else {"out_BV", "out_warps", "out_stages", "pdl",
-                                                                 "norm_q_in_output"})
+        plan = ChunkPlan.build(p.seq_bounds, q.device)
+        sized = by_size(plan.n_chunks * p.HV, multiprocessors(q.device)) if by_size else {}
+        opts = {**defaults, **sized, **options}
+        allowed = {"BV", "poison", "num_warps", "num_stages", "prologue_warps", "prologue_solve", "fuse_norm"} | (
+            {"downcast", "intra_vnew"} if path == "fused" else {"out_BV", "out_warps", "out_stages",
+                                                                 "norm_q_in_output", "index64"})
         unknown = set(opts) - allowed
         if unknown:
             raise TypeError(f"options: {path} backend does not take {sorted(unknown)}; it takes {sorted(allowed)}")
@@ -108,11 +111,9 @@ def _triton(path: str, **defaults: Any) -> Backend:
         def flat(x: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
             return x.reshape(tokens, *x.shape[2:]).to(dtype or x.dtype).contiguous()
 
-        plan = ChunkPlan.build(p.seq_bounds, q.device)
         pro_opts = dict(fuse_norm=bool(opts.pop("fuse_norm", False)), num_warps=int(opts.pop("prologue_warps", 4)),
                         solve=opts.pop("prologue_solve", SOLVE),
-                        norm_q_in_output=bool(opts.pop("norm_q_in_output", False)), pdl=bool(opts.get("pdl", False)),
-                        early_v=bool(opts.pop("prologue_early_v", False)))
+                        norm_q_in_output=bool(opts.pop("norm_q_in_output", False)), index64=opts.get("index64"))
         vf = flat(v)
         pro = run_prologue(flat(q), flat(k), vf, flat(g, torch.float32), flat(beta), plan, use_qk_l2norm_in_kernel,
                            poison, **pro_opts)
@@ -172,11 +173,34 @@ register_backend("reference", _reference)
 register_backend("two_kernel", _triton("two_kernel"))
 register_backend("fused_shipped", _triton("fused", **SHIPPED))
 register_backend("fused_fixed", _triton("fused", **FIXED))
-# "fast": the fastest config of each stage that is bit-equal to the default on the H200 (reports/h200/stages.csv;
-# benchmarks/NOTES.md item 10): 2 prologue warps, the state kernel at BV = 32 (128 programs for 132 SMs), the output
-# kernel at BV = 128 (one program per chunk and head, Q.K^T computed once).
-FAST = dict(prologue_warps=2, BV=32, num_warps=4, out_BV=128, out_warps=4)
-register_backend("fast", _triton("two_kernel", **FAST))
+#: "fast": the fastest config of each stage that is bit-equal to the default on the H200 (reports/h200/stages.csv;
+#: benchmarks/NOTES.md item 10): the state kernel at BV = 32 (128 programs for 132 SMs), the output kernel at
+#: BV = 128 (one program per chunk and head, Q.K^T computed once); the prologue's warps and where q is normalised
+#: follow the call's size (fast_by_size).
+FAST = dict(BV=32, num_warps=4, out_BV=128, out_warps=4)
+
+
+def fast_by_size(programs: int, sms: int) -> dict[str, Any]:
+    """fast's size-dependent options (benchmarks/NOTES.md item 12; reports/h200/variants_small.csv). With at most
+    two prologue programs per multiprocessor each program's latency is the time, and 4 warps hide more of it than
+    2 (512 tokens: 12% faster); above that 2 warps leave room for more resident programs (1024 tokens: 10% faster).
+    Up to four programs per multiprocessor, q's l2-norm inside the output kernel saves a launch (2% faster); above
+    that the heavier output kernel costs more than the pass over q it saves (1-2% slower)."""
+    return dict(prologue_warps=4 if programs <= 2 * sms else 2, norm_q_in_output=programs <= 4 * sms)
+
+
+#: Multiprocessors assumed off CUDA (the H200 the rule was measured on); the numbers do not depend on it.
+NOMINAL_SMS = 132
+
+
+def multiprocessors(device: torch.device) -> int:
+    """The device's streaming multiprocessors (NOMINAL_SMS off CUDA)."""
+    if device.type != "cuda":
+        return NOMINAL_SMS
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+register_backend("fast", _triton("two_kernel", by_size=fast_by_size, **FAST))
 if fla_available():
     register_backend("fla", _fla)
 register_backend("auto", auto_backend)

@@ -107,12 +107,12 @@ def kernel_dots(kernel: str, BV: int | None = None, K: int = 128, BT: int = 64) 
     if kernel == "l2norm":
         return []
     if kernel == "prologue":
-        # 16-row pieces of the chunk, K and V whole (padded to a power of two).
+        # Whole-chunk dots (K and V whole, padded to a power of two; V = K here) and the solve's 16x16 products.
         return [
-            Dot("beta.K.K^T (16x16 blocks)", 16, 16, K),
+            Dot("beta.K.K^T", BT, BT, K),
             Dot("block substitution T_ij (ieee)", 16, 16, 16, "fp32"),
-            Dot("W = T.(beta exp(G) K) (per block)", 16, K, 16),
-            Dot("U = T.(beta V) (per block)", 16, K, 16),
+            Dot("W = T.(beta exp(G) K)", BT, K, BT),
+            Dot("U = T.(beta V)", BT, K, BT),
         ]
     if kernel == "fwd_h":
         return [

@@ -213,23 +213,9 @@ def _interpreting() -> Iterator[None]:
         JITFunction.__call__ = saved
 
 
-def pdl_supported(device: torch.device | str) -> bool:
-    """True where programmatic dependent launch exists: a CUDA device of compute capability 9.0 or later."""
-    dev = torch.device(device)
-    return dev.type == "cuda" and torch.cuda.get_device_capability(dev)[0] >= 9
-
-
-def launch(kernel: JITFunction, grid: Sequence[int], *args: Any, device: torch.device | str,
-           pdl: bool | None = None, **kwargs: Any) -> None:
-    """Launch `kernel` compiled on CUDA, or interpreted with the numerics layer when `device` is the CPU.
-
-    `pdl` (kernels with a PDL constexpr only): launch with programmatic dependent launch where the device supports
-    it (the kernel then waits for its predecessor itself); elsewhere PDL is off."""
+def launch(kernel: JITFunction, grid: Sequence[int], *args: Any, device: torch.device | str, **kwargs: Any) -> None:
+    """Launch `kernel` compiled on CUDA, or interpreted with the numerics layer when `device` is the CPU."""
     global _INTERPRETING
-    if pdl is not None:
-        kwargs["PDL"] = bool(pdl) and pdl_supported(device)
-        if kwargs["PDL"]:
-            kwargs["launch_pdl"] = True
     if torch.device(device).type == "cuda":
         kernel[tuple(grid)](*args, **kwargs)
         return

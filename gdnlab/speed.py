@@ -11,7 +11,8 @@ from matplotlib.figure import Figure
 from gdnlab.findings import Finding, _fail
 
 __all__ = ["default_bench", "load_bench", "load_bench_frame", "speed_table", "targets", "fix_is_free",
-           "faster_eager", "versus", "time_vs_tokens", "floor_fraction", "far_from_floor"]
+           "faster_eager", "versus", "time_vs_tokens", "floor_fraction", "far_from_floor", "stage_breakdown",
+           "stage_figure", "run_to_run"]
 
 TIMINGS = {"ms": "eager", "graph_ms": "graph"}
 
@@ -167,3 +168,64 @@ def floor_fraction(bench: pd.DataFrame, timing: str = "graph_ms") -> pd.DataFram
     t = speed_table(bench, timing)
     fl = bench.drop_duplicates("shape").set_index("shape").floor_ms.reindex(t.index)
     return t.rdiv(fl, axis=0)
+
+
+#: Kernel-name fragments -> the pipeline stage they belong to (the lab's kernels and FLA 0.6's).
+STAGES = (("l2norm", "l2-norm"), ("prologue", "prologue"), ("cumsum", "prologue"), ("kkt", "prologue"),
+          ("recompute_w_u", "prologue"), ("fwd_h", "state kernel"), ("kernel_h", "state kernel"),
+          ("fwd_o", "output kernel"), ("kernel_o", "output kernel"))
+
+
+def _stage(kernel: str) -> str:
+    return next((st for frag, st in STAGES if frag in kernel), "other (torch)")
+
+
+def stage_breakdown(in_situ: str | Path | pd.DataFrame) -> pd.DataFrame:
+    """Device microseconds per call and stage (l2-norm, prologue, state kernel, output kernel, other) for every
+    shape and backend of an in-situ profile (benchmarks/h200.py --parts in_situ: each kernel's time inside one
+    graph-replayed call), with the call's graph time beside them."""
+    df = in_situ if isinstance(in_situ, pd.DataFrame) else pd.read_csv(in_situ)
+    df = df[df["kernel"].notna()].copy()
+    df["shape"] = [("varlen" if str(b) == "varlen" else f"{b}x{int(t)}") for b, t in zip(df.B, df["T"])]
+    df["stage"] = df.kernel.map(_stage)
+    t = df.pivot_table(index=["shape", "backend"], columns="stage", values="us_per_call", aggfunc="sum").fillna(0)
+    t["kernels"] = t.sum(axis=1)
+    t["call (profiled)"] = df.groupby(["shape", "backend"]).call_ms_profiled.first() * 1e3
+    order = [s for s in _order(df.assign(tokens=df["tokens"].astype(int))) if s in t.index.get_level_values(0)]
+    return t.loc[order]
+
+
+def stage_figure(breakdown: pd.DataFrame, shapes: list[str] | None = None) -> Figure:
+    """Stacked bars: each backend's device time per stage, one panel per shape."""
+    shapes = shapes or list(dict.fromkeys(breakdown.index.get_level_values(0)))
+    stages = [c for c in ("l2-norm", "prologue", "state kernel", "output kernel", "other (torch)") if c in breakdown]
+    fig, axes = plt.subplots(1, len(shapes), figsize=(3.1 * len(shapes), 3.6), squeeze=False)
+    colors = dict(zip(stages, plt.rcParams["axes.prop_cycle"].by_key()["color"]))
+    for ax, shape in zip(axes[0], shapes):
+        b = breakdown.loc[shape]
+        left = pd.Series(0.0, index=b.index)
+        for st in stages:
+            ax.barh(b.index, b[st], left=left, color=colors[st], label=st)
+            left += b[st]
+        ax.set(title=shape, xlabel="us per call")
+        ax.invert_yaxis()
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=len(stages), fontsize=8, frameon=False)
+    fig.suptitle("Where the device time of one call goes (in situ, graph-replayed)")
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    return fig
+
+
+def run_to_run(runs: dict[str, str | Path], backends: tuple[str, ...] = ("fla", "fast"),
+               min_tokens: int = 0) -> pd.DataFrame:
+    """Graph ms of each backend per shape in every given run (name -> CSV with backend, B, T, tokens, graph_ms:
+    bench or variants files, medians over a file's rounds), and its spread max / min across the runs."""
+    rows = []
+    for name, path in runs.items():
+        d = load_bench(path)
+        d = d[d.backend.isin(backends) & (d.tokens >= min_tokens) & d.graph_ms.notna()]
+        for (be, shape), g in d.groupby(["backend", "shape"]):
+            rows.append(dict(backend=be, shape=shape, run=name, graph_ms=float(g.graph_ms.median())))
+    t = pd.DataFrame(rows).pivot_table(index=["backend", "shape"], columns="run", values="graph_ms")
+    t["spread"] = t.max(axis=1) / t.min(axis=1)
+    return t

@@ -10,15 +10,25 @@ from gdnlab.inputs import make_inputs
 @pytest.mark.parametrize("tokens,varlen,cuda,capturing,fla,want", [
     (512, False, False, False, False, "fast"),       # CPU: the lab's kernels under the interpreter
     (10 ** 6, False, True, False, False, "fast"),    # no fla installed
-    (512, False, True, True, True, "fla"),           # captured and short: fla's device time is lower
-    (auto.GRAPH_FLA_BELOW - 1, False, True, True, True, "fla"),
-    (auto.GRAPH_FLA_BELOW, False, True, True, True, "fast"),  # captured: fast has the lower device time
+    (512, False, True, True, True, "fast"),          # captured: fast was ahead of fla at every size
+    (2048, False, True, True, True, "fast"),
+    (10 ** 6, False, True, True, True, "fast"),
     (512, False, True, False, True, "fast"),         # eager and short: host-bound, fla's Python side dominates
     (10 ** 6, False, True, False, True, "fast"),     # eager and long: fast has the lower device time
     (65536, True, True, True, True, "fast"),         # varlen: fla cannot be captured and is slower eagerly
 ])
 def test_rule(tokens, varlen, cuda, capturing, fla, want):
     assert auto.choose(tokens, varlen, cuda, capturing, fla) == want
+
+
+def test_a_window_sends_captured_calls_to_fla(monkeypatch):
+    """The rule's window of sizes for fla (empty on the H200 now) is honoured where it is set."""
+    monkeypatch.setattr(auto, "GRAPH_FLA", (1024, 4096))
+    assert auto.choose(1023, False, True, True, True) == "fast"
+    assert auto.choose(1024, False, True, True, True) == "fla"
+    assert auto.choose(4096, False, True, True, True) == "fast"
+    assert auto.choose(2048, False, True, False, True) == "fast"  # eager
+    assert auto.choose(2048, True, True, True, True) == "fast"  # varlen
 
 
 def test_auto_runs_the_backend_it_names_on_cpu():

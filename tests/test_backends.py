@@ -60,15 +60,37 @@ def test_fast_configuration_is_bit_equal_on_cpu():
 
 
 def test_q_norm_in_output_kernel_is_bit_equal_on_cpu():
-    """q's l2-norm moved into the output kernel (and PDL asked for, which the CPU ignores) changes launches, not
-    numbers: bit-equal to the separate l2norm launch, every element written."""
+    """q's l2-norm moved into the output kernel changes launches, not numbers: bit-equal to the separate l2norm
+    launch, every element written."""
     kw = make_inputs(B=1, T=150, H=2, HV=4, K=128, V=128, seed=5, decay=0.1).kwargs()
     assert kw["use_qk_l2norm_in_kernel"] and kw["output_final_state"]
     o, h = gdnlab.chunk_gated_delta_rule(**kw, backend="two_kernel")
-    for opts in (dict(norm_q_in_output=True), dict(norm_q_in_output=True, pdl=True, out_BV=128)):
+    for opts in (dict(norm_q_in_output=True), dict(norm_q_in_output=True, out_BV=128)):
         of, hf = gdnlab.chunk_gated_delta_rule(**kw, backend="two_kernel", poison=True, **opts)
         assert not of.isnan().any()
         assert torch.equal(o, of) and torch.equal(h, hf), opts
+
+
+@pytest.mark.parametrize("programs,warps,nq", [(1, 4, True), (264, 4, True), (265, 2, True), (528, 2, True),
+                                               (529, 2, False), (10 ** 5, 2, False)])
+def test_fast_size_rule(programs, warps, nq):
+    """fast's options by size: 4 prologue warps up to two programs per multiprocessor, q normalised in the output
+    kernel up to four (132 multiprocessors here)."""
+    from gdnlab.backends import fast_by_size
+    assert fast_by_size(programs, 132) == dict(prologue_warps=warps, norm_q_in_output=nq)
+
+
+def test_fast_passes_its_size_rule_to_the_kernels(monkeypatch):
+    """The rule is applied per call and overridable by the caller's options."""
+    import gdnlab.kernels as kernels
+    seen = []
+    real = kernels.run_prologue
+    monkeypatch.setattr(kernels, "run_prologue", lambda *a, **kw: seen.append(kw) or real(*a, **kw))
+    kw = make_inputs(B=1, T=70, H=1, HV=2, K=32, V=32, seed=7).kwargs()
+    gdnlab.chunk_gated_delta_rule(**kw, backend="fast")
+    gdnlab.chunk_gated_delta_rule(**kw, backend="fast", prologue_warps=2, norm_q_in_output=False)
+    assert (seen[0]["num_warps"], seen[0]["norm_q_in_output"]) == (4, True)
+    assert (seen[1]["num_warps"], seen[1]["norm_q_in_output"]) == (2, False)
 
 
 def test_fused_path_does_not_take_the_two_kernel_options():

@@ -49,3 +49,37 @@ def test_committed_h200_bench_renders():
     assert {"fla", "two_kernel", "fused_shipped", "fused_fixed", "fast", "auto"} <= set(b.backend)
     assert speed.speed_table(b).index[0] == "1x512" and speed.speed_table(b).index[-1] == "varlen"
     speed.time_vs_tokens(b)
+
+
+def test_stage_breakdown_groups_kernels_by_stage():
+    rows = [dict(backend=be, B=1, T=2048, tokens=2048, kernel=k, calls_per_call=c, us_per_call=us,
+                 call_ms_profiled=span)
+            for be, span, ks in [("fast", 0.2, [("l2norm_kernel", 2, 9.5), ("prologue_kernel", 1, 70.25),
+                                                ("fwd_h_kernel", 1, 48.0), ("fwd_o_kernel", 1, 33.5)]),
+                                 ("fla", 0.19, [("l2norm_fwd_kernel", 2, 10.0), ("chunk_local_cumsum_kernel", 1, 3.5),
+                                                ("chunk_gated_delta_rule_fwd_kkt_solve_kernel", 1, 38.0),
+                                                ("recompute_w_u_fwd_kernel", 1, 20.0),
+                                                ("void at::native::vectorized_elementwise_kernel", 1, 3.0),
+                                                ("chunk_gated_delta_rule_fwd_kernel_h_blockdim64", 1, 44.5),
+                                                ("chunk_fwd_kernel_o", 1, 37.75)])]
+            for k, c, us in ks]
+    t = speed.stage_breakdown(pd.DataFrame(rows))
+    assert t.loc[("1x2048", "fla"), "prologue"] == 3.5 + 38.0 + 20.0
+    assert t.loc[("1x2048", "fla"), "other (torch)"] == 3.0
+    assert t.loc[("1x2048", "fast"), "state kernel"] == 48.0
+    assert t.loc[("1x2048", "fast"), "kernels"] == 9.5 + 70.25 + 48.0 + 33.5
+    assert math.isclose(t.loc[("1x2048", "fast"), "call (profiled)"], 200.0)
+    assert speed.stage_figure(t).axes
+
+
+def test_run_to_run_spread(tmp_path):
+    paths = {}
+    for i, scale in enumerate((1.0, 1.08, 1.02)):
+        p = tmp_path / f"run{i}.csv"
+        _bench([("fla", 4096, 0.7, 0.3 * scale), ("fast", 4096, 0.3, 0.31 + 0.001 * i),
+                ("fla", 512, 0.6, 0.06)]).to_csv(p, index=False)
+        paths[f"run{i}"] = p
+    t = speed.run_to_run(paths, min_tokens=1024)
+    assert math.isclose(t.loc[("fla", "1x4096"), "spread"], 1.08)
+    assert math.isclose(t.loc[("fast", "1x4096"), "spread"], 0.312 / 0.31)
+    assert ("fla", "1x512") not in t.index

@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 
 from gdnlab.interp import launch
-from gdnlab.kernels.tiles import after_previous_kernel, l2_norm_of_rows, load_rows, store_rows
+from gdnlab.kernels.tiles import as_index, l2_norm_of_rows, load_rows, store_rows
 
 BT = 64
 #: How the prologue finishes T = (I + A)^-1 after its 16x16 diagonal blocks (see _solve).
@@ -30,10 +30,8 @@ def _l2_normalised(x):
 
 
 @triton.jit
-def l2norm_kernel(x_ptr, y_ptr, n_rows, D: tl.constexpr, BD: tl.constexpr, BR: tl.constexpr,
-                  PDL: tl.constexpr = False):
+def l2norm_kernel(x_ptr, y_ptr, n_rows, D: tl.constexpr, BD: tl.constexpr, BR: tl.constexpr):
     """Row-wise l2 normalisation, computed in fp32, stored in y's dtype."""
-    after_previous_kernel(PDL)
     rows = tl.program_id(0) * BR + tl.arange(0, BR)
     mrow = rows < n_rows
     store_rows(y_ptr, rows, mrow, D, 0, _l2_normalised(load_rows(x_ptr, rows, mrow, D, 0, BD, D)), BD, D)
@@ -136,19 +134,17 @@ def _solve(a, BT: tl.constexpr, SOLVE: tl.constexpr):
 def prologue_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, qn_ptr, kn_ptr, gcum_ptr, w_ptr, u_ptr, cu_ptr, chunks_ptr,
                     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, KP: tl.constexpr,
                     VP: tl.constexpr, BT: tl.constexpr, NORM: tl.constexpr, SOLVE: tl.constexpr,
-                    PDL: tl.constexpr = False, EARLY_V: tl.constexpr = False):
+                    I64: tl.constexpr = True):
     """One program per (chunk, value head): [q/k l2-norm,] cumsum, A, T = (I + A)^-1 and W/U for that chunk.
 
     A, W and U are whole-chunk tensor-core dots; the solve works on 16x16 blocks (see _solve), so no 64x64 fp32
-    product runs on the FMA units. EARLY_V issues the load of v before the solve instead of after it, so that a
-    cold read overlaps the solve (at the price of holding the tile across it).
+    product runs on the FMA units.
     """
-    after_previous_kernel(PDL)
     i_c, i_hv = tl.program_id(0), tl.program_id(1)
     i_n = tl.load(chunks_ptr + 2 * i_c)
     i_t = tl.load(chunks_ptr + 2 * i_c + 1)
-    bos = tl.load(cu_ptr + i_n).to(tl.int64)
-    eos = tl.load(cu_ptr + i_n + 1).to(tl.int64)
+    bos = as_index(tl.load(cu_ptr + i_n), I64)
+    eos = as_index(tl.load(cu_ptr + i_n + 1), I64)
     i_h = i_hv // (HV // H)
     first = i_hv % (HV // H)  # 0 on the value head that stores the normalised q and k
     r = tl.arange(0, BT)
@@ -158,8 +154,6 @@ def prologue_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, qn_ptr, kn_ptr, gcum_p
     g_cum = tl.cumsum(tl.load(g_ptr + rows * HV + i_hv, mask=mrow, other=0.0).to(tl.float32), 0)
     tl.store(gcum_ptr + rows * HV + i_hv, g_cum, mask=mrow)
     beta = tl.load(beta_ptr + rows * HV + i_hv, mask=mrow, other=0.0).to(tl.float32)
-    if EARLY_V:
-        vt = load_rows(v_ptr + i_hv * V, rows, mrow, HV * V, 0, VP, V)
     if NORM:
         _keys(q_ptr + i_h * K, qn_ptr + i_h * K, rows, mrow, first, H * K, K, KP, NORM, True)
     kt = _keys(k_ptr + i_h * K, kn_ptr + i_h * K, rows, mrow, first, H * K, K, KP, NORM, True)
@@ -174,8 +168,7 @@ def prologue_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, qn_ptr, kn_ptr, gcum_p
     kt = _keys(k_ptr + i_h * K, kn_ptr + i_h * K, rows, mrow, first, H * K, K, KP, NORM, False)
     kb = (kt.to(tl.float32) * (beta * tl.exp(g_cum))[:, None]).to(tl.bfloat16)
     store_rows(w_ptr + i_hv * K, rows, mrow, HV * K, 0, tl.dot(t, kb), KP, K)
-    if not EARLY_V:
-        vt = load_rows(v_ptr + i_hv * V, rows, mrow, HV * V, 0, VP, V)
+    vt = load_rows(v_ptr + i_hv * V, rows, mrow, HV * V, 0, VP, V)
     vb = (vt.to(tl.float32) * beta[:, None]).to(tl.bfloat16)
     store_rows(u_ptr + i_hv * V, rows, mrow, HV * V, 0, tl.dot(t, vb), VP, V)
 
@@ -228,36 +221,41 @@ class Prologue:
     norm_q: bool = False  # q is still to be l2-normalised, by the output kernel
 
 
+def wide_index(*tensors: torch.Tensor) -> bool:
+    """True when some tensor has 2^31 elements or more, so that the kernels must index in int64 (their I64)."""
+    return max(t.numel() for t in tensors) >= 2 ** 31
+
+
 def alloc(shape, dtype, device, poison: bool) -> torch.Tensor:
     return torch.full(shape, float("nan"), dtype=dtype, device=device) if poison else torch.empty(
         shape, dtype=dtype, device=device)
 
 
-def l2norm(x: torch.Tensor, poison: bool = False, pdl: bool = False) -> torch.Tensor:
+def l2norm(x: torch.Tensor, poison: bool = False) -> torch.Tensor:
     """Row-wise l2 normalisation of the last dim, in fp32, rounded to x's dtype."""
     d = x.shape[-1]
     y = alloc(x.shape, x.dtype, x.device, poison)
     n = x.numel() // d
     br = 16
     launch(l2norm_kernel, (triton.cdiv(n, br),), x, y, n, D=d, BD=triton.next_power_of_2(d), BR=br,
-           device=x.device, pdl=pdl)
+           device=x.device)
     return y
 
 
 def run_prologue(q, k, v, g, beta, plan: ChunkPlan, use_qk_l2norm: bool, poison: bool = False,
-                 fuse_norm: bool = False, num_warps: int = 4, solve: str = SOLVE, norm_q_in_output: bool = False,
-                 pdl: bool = False, early_v: bool = False) -> Prologue:
+                 fuse_norm: bool = False, num_warps: int = 4, solve: str = SOLVE,
+                 norm_q_in_output: bool = False, index64: bool | None = None) -> Prologue:
     """Launch the shared prologue on flattened `[tokens, heads, D]` tensors. The q/k l2-norm runs as two launches
     of l2norm_kernel (as the two-kernel pipeline does) or, with `fuse_norm`, inside the prologue kernel; with
-    `norm_q_in_output` only k's runs here and q's is left to the output kernel (Prologue.norm_q). `pdl`: launch with
-    programmatic dependent launch where the device has it. `early_v`: see prologue_kernel's EARLY_V."""
+    `norm_q_in_output` only k's runs here and q's is left to the output kernel (Prologue.norm_q). `index64`: int64
+    indices (None: where a buffer needs them)."""
     tokens, H, K = k.shape
     HV, V = v.shape[1], v.shape[2]
     dev = k.device
     norm_inside = use_qk_l2norm and fuse_norm
     norm_q = use_qk_l2norm and norm_q_in_output and not fuse_norm
     if use_qk_l2norm and not fuse_norm:
-        q, k = (q if norm_q else l2norm(q, poison, pdl)), l2norm(k, poison, pdl)
+        q, k = (q if norm_q else l2norm(q, poison)), l2norm(k, poison)
     qn = alloc(q.shape, q.dtype, dev, poison) if norm_inside else q
     kn = alloc(k.shape, k.dtype, dev, poison) if norm_inside else k
     g_cum = alloc((tokens, HV), torch.float32, dev, poison)
@@ -266,5 +264,6 @@ def run_prologue(q, k, v, g, beta, plan: ChunkPlan, use_qk_l2norm: bool, poison:
     if plan.n_chunks:
         launch(prologue_kernel, (plan.n_chunks, HV), q, k, v, g, beta, qn, kn, g_cum, w, u, plan.cu_seqlens,
                plan.chunks, H=H, HV=HV, K=K, V=V, KP=triton.next_power_of_2(K), VP=triton.next_power_of_2(V),
-               BT=BT, NORM=norm_inside, SOLVE=solve, EARLY_V=early_v, num_warps=num_warps, device=dev, pdl=pdl)
+               BT=BT, NORM=norm_inside, SOLVE=solve, num_warps=num_warps, device=dev,
+               I64=wide_index(q, v, w) if index64 is None else index64)
     return Prologue(qn, kn, g_cum, w, u, norm_q)

@@ -8,13 +8,13 @@ import triton.language as tl
 
 
 @triton.jit
-def after_previous_kernel(PDL: tl.constexpr):
-    """Under programmatic dependent launch (PDL, Hopper and later): wait until the kernel before this one in the
-    stream has finished and its writes are visible, then let the next kernel's programs start launching, so that
-    launch latency overlaps the tail of this one. Nothing without PDL. Called before the first global access."""
-    if PDL:
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+def as_index(x, I64: tl.constexpr):
+    """A loaded row or chunk index, widened to int64 when some buffer's element offsets can pass 2^31 (I64), else
+    left int32: 64-bit address arithmetic on every tile costs the chunk loops time."""
+    if I64:
+        return x.to(tl.int64)
+    else:
+        return x
 
 
 @triton.jit

@@ -7,8 +7,8 @@ import triton
 import triton.language as tl
 
 from gdnlab.interp import launch
-from gdnlab.kernels.prologue import BT, ChunkPlan, Prologue, alloc
-from gdnlab.kernels.tiles import (absorb_all, after_previous_kernel, gated_delta, chunk_output, inter_and_scores,
+from gdnlab.kernels.prologue import BT, ChunkPlan, Prologue, alloc, wide_index
+from gdnlab.kernels.tiles import (absorb_all, as_index, gated_delta, chunk_output, inter_and_scores,
                                   l2_norm_of_rows, load_rows, load_state, store_rows, store_state, w_times_h)
 
 
@@ -16,15 +16,14 @@ from gdnlab.kernels.tiles import (absorb_all, after_previous_kernel, gated_delta
 def fwd_h_kernel(k_ptr, u_ptr, w_ptr, gcum_ptr, h_ptr, vnew_ptr, h0_ptr, ht_ptr, cu_ptr, choff_ptr,
                  H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
                  HAS_H0: tl.constexpr, STORE_HT: tl.constexpr, STATE_V_FIRST: tl.constexpr, BT: tl.constexpr,
-                 PDL: tl.constexpr = False):
+                 I64: tl.constexpr = True):
     """One program per (V tile, sequence, value head): carry the fp32 state, store bf16 h and V_new per chunk."""
-    after_previous_kernel(PDL)
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_hv = i_nh // HV, i_nh % HV
     i_h = i_hv // (HV // H)
-    bos = tl.load(cu_ptr + i_n).to(tl.int64)
-    eos = tl.load(cu_ptr + i_n + 1).to(tl.int64)
-    c0 = tl.load(choff_ptr + i_n).to(tl.int64)
+    bos = as_index(tl.load(cu_ptr + i_n), I64)
+    eos = as_index(tl.load(cu_ptr + i_n + 1), I64)
+    c0 = as_index(tl.load(choff_ptr + i_n), I64)
     v0 = i_v * BV
     kh, wh, uh, vh = k_ptr + i_h * K, w_ptr + i_hv * K, u_ptr + i_hv * V, vnew_ptr + i_hv * V
     s0 = tl.zeros([64, BV], dtype=tl.float32)
@@ -32,7 +31,7 @@ def fwd_h_kernel(k_ptr, u_ptr, w_ptr, gcum_ptr, h_ptr, vnew_ptr, h0_ptr, ht_ptr,
     s2 = tl.zeros([64, BV], dtype=tl.float32)
     s3 = tl.zeros([64, BV], dtype=tl.float32)
     if HAS_H0:
-        sb = h0_ptr + (i_n * HV + i_hv) * K * V
+        sb = h0_ptr + (as_index(i_n, I64) * HV + i_hv) * K * V
         s0 = load_state(sb, 0, v0, K, V, BV, STATE_V_FIRST)
         if K > 64:
             s1 = load_state(sb, 64, v0, K, V, BV, STATE_V_FIRST)
@@ -63,7 +62,7 @@ def fwd_h_kernel(k_ptr, u_ptr, w_ptr, gcum_ptr, h_ptr, vnew_ptr, h0_ptr, ht_ptr,
         vg = gated_delta(v_new, g_cum, g_last, mrow)
         s0, s1, s2, s3 = absorb_all(s0, s1, s2, s3, kh, rows, mrow, H * K, vg, tl.exp(g_last), K, False)
     if STORE_HT:
-        sb = ht_ptr + (i_n * HV + i_hv) * K * V
+        sb = ht_ptr + (as_index(i_n, I64) * HV + i_hv) * K * V
         store_state(sb, 0, v0, s0, K, V, BV, STATE_V_FIRST)
         if K > 64:
             store_state(sb, 64, v0, s1, K, V, BV, STATE_V_FIRST)
@@ -76,21 +75,20 @@ def fwd_h_kernel(k_ptr, u_ptr, w_ptr, gcum_ptr, h_ptr, vnew_ptr, h0_ptr, ht_ptr,
 @triton.jit
 def fwd_o_kernel(q_ptr, k_ptr, vnew_ptr, gcum_ptr, h_ptr, o_ptr, cu_ptr, chunks_ptr, scale,
                  H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
-                 BT: tl.constexpr, NORM_Q: tl.constexpr = False, KP: tl.constexpr = 64, PDL: tl.constexpr = False):
+                 BT: tl.constexpr, NORM_Q: tl.constexpr = False, KP: tl.constexpr = 64, I64: tl.constexpr = True):
     """One program per (V tile, chunk, value head): the chunk's output from its bf16 h and bf16 V_new. With NORM_Q
     it l2-normalises its q rows itself (KP: K padded to a power of two)."""
-    after_previous_kernel(PDL)
     i_v, i_c, i_hv = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_n = tl.load(chunks_ptr + 2 * i_c)
     i_t = tl.load(chunks_ptr + 2 * i_c + 1)
-    bos = tl.load(cu_ptr + i_n).to(tl.int64)
-    eos = tl.load(cu_ptr + i_n + 1).to(tl.int64)
+    bos = as_index(tl.load(cu_ptr + i_n), I64)
+    eos = as_index(tl.load(cu_ptr + i_n + 1), I64)
     i_h = i_hv // (HV // H)
     v0 = i_v * BV
     rows = bos + i_t * BT + tl.arange(0, BT)
     mrow = rows < eos
     qh, kh = q_ptr + i_h * K, k_ptr + i_h * K
-    hb = h_ptr + (i_c.to(tl.int64) * HV + i_hv) * K * V
+    hb = h_ptr + (as_index(i_c, I64) * HV + i_hv) * K * V
     g_cum = tl.load(gcum_ptr + rows * HV + i_hv, mask=mrow, other=0.0)
     qn = tl.full([BT], 1.0, tl.float32)
     if NORM_Q:
@@ -117,11 +115,11 @@ def fwd_o_kernel(q_ptr, k_ptr, vnew_ptr, gcum_ptr, h_ptr, o_ptr, cu_ptr, chunks_
 def two_kernel(pro: Prologue, v: torch.Tensor, o: torch.Tensor, plan: ChunkPlan, initial_state, ht, scale: float,
                state_v_first: bool, BV: int = 64, poison: bool = False, num_warps: int = 4,
                num_stages: int | None = None, out_BV: int | None = None, out_warps: int | None = None,
-               out_stages: int | None = None, pdl: bool = False) -> None:
+               out_stages: int | None = None, index64: bool | None = None) -> None:
     """State kernel then output kernel on flattened tensors; writes o and (if given) ht. `BV`, `num_warps` and
     `num_stages` configure the state kernel, and the output kernel too unless its `out_*` options are given
     (None: Triton's default stages). The output kernel l2-normalises q when the prologue left that to it
-    (pro.norm_q). `pdl`: both launches with programmatic dependent launch where the device has it."""
+    (pro.norm_q). `index64`: int64 indices (None: where a buffer needs them)."""
     tokens, H, K = pro.k.shape
     HV, V = v.shape[1], v.shape[2]
     N = plan.cu_seqlens.numel() - 1
@@ -130,14 +128,16 @@ def two_kernel(pro: Prologue, v: torch.Tensor, o: torch.Tensor, plan: ChunkPlan,
     out_stages = out_stages or num_stages
     h = alloc((max(plan.n_chunks, 1), HV, K, V), torch.bfloat16, dev, poison)
     v_new = alloc((tokens, HV, V), torch.bfloat16, dev, poison)
+    states = [x for x in (initial_state, ht) if x is not None]
+    i64 = wide_index(h, v_new, pro.w, pro.q, *states) if index64 is None else index64
     dummy = pro.g_cum
     launch(fwd_h_kernel, (triton.cdiv(V, BV), N * HV), pro.k, pro.u, pro.w, pro.g_cum, h, v_new,
            initial_state if initial_state is not None else dummy, ht if ht is not None else dummy,
            plan.cu_seqlens, plan.chunk_offsets, H=H, HV=HV, K=K, V=V, BV=BV, HAS_H0=initial_state is not None,
-           STORE_HT=ht is not None, STATE_V_FIRST=state_v_first, BT=BT, num_warps=num_warps, device=dev, pdl=pdl,
+           STORE_HT=ht is not None, STATE_V_FIRST=state_v_first, BT=BT, I64=i64, num_warps=num_warps, device=dev,
            **({} if num_stages is None else dict(num_stages=num_stages)))
     if plan.n_chunks:
         launch(fwd_o_kernel, (triton.cdiv(V, out_BV), plan.n_chunks, HV), pro.q, pro.k, v_new, pro.g_cum, h, o,
-               plan.cu_seqlens, plan.chunks, scale, H=H, HV=HV, K=K, V=V, BV=out_BV, BT=BT, NORM_Q=pro.norm_q,
-               KP=triton.next_power_of_2(K), num_warps=out_warps, device=dev, pdl=pdl,
+               plan.cu_seqlens, plan.chunks, scale, H=H, HV=HV, K=K, V=V, BV=out_BV, BT=BT, NORM_Q=pro.norm_q, I64=i64,
+               KP=triton.next_power_of_2(K), num_warps=out_warps, device=dev,
                **({} if out_stages is None else dict(num_stages=out_stages)))
