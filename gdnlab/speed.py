@@ -12,7 +12,7 @@ from gdnlab.findings import Finding, _fail
 
 __all__ = ["default_bench", "load_bench", "load_bench_frame", "speed_table", "targets", "fix_is_free",
            "faster_eager", "versus", "time_vs_tokens", "floor_fraction", "far_from_floor", "stage_breakdown",
-           "stage_figure", "run_to_run"]
+           "stage_figure", "run_to_run", "provenance"]
 
 TIMINGS = {"ms": "eager", "graph_ms": "graph"}
 
@@ -229,3 +229,11 @@ def run_to_run(runs: dict[str, str | Path], backends: tuple[str, ...] = ("fla", 
     t = pd.DataFrame(rows).pivot_table(index=["backend", "shape"], columns="run", values="graph_ms")
     t["spread"] = t.max(axis=1) / t.min(axis=1)
     return t
+
+
+def provenance(table: str | Path | pd.DataFrame) -> dict[str, str]:
+    """Device, torch, Triton and seed of a device run's table (for the rows of a derived table)."""
+    df = table if isinstance(table, pd.DataFrame) else pd.read_csv(table)
+    row = df.iloc[0]
+    return dict(device=str(row["device"]), torch=str(row["torch"]), triton=str(row["triton"]),
+                seed=str(row["seed"]) if "seed" in df else "0..n-1 (rotated sets)")

@@ -9,6 +9,7 @@ import torch
 
 import gdnlab
 from gdnlab.cases import CASES, CASES_BY_NAME, ISOLATION, Case
+from gdnlab.inputs import make_inputs
 from gdnlab.metrics import CUTEDSL_OUTPUT, CUTEDSL_STATE, errors, valid_rows
 from gdnlab.reference import recurrent_gated_delta_rule_ref
 
@@ -155,3 +156,15 @@ def test_unknown_option_and_bad_bv_are_refused():
         gdnlab.chunk_gated_delta_rule(**kw, backend="fused_fixed", BV=12)
     with pytest.raises(ValueError, match="backend"):
         gdnlab.chunk_gated_delta_rule(**kw, backend="nope")
+
+
+def test_int64_indices_only_where_a_buffer_needs_them():
+    """The kernels index in int32 unless some buffer has 2^31 elements (meta tensors: no memory); forcing int64
+    changes addresses' width, not numbers."""
+    from gdnlab.kernels.prologue import wide_index
+    small, big = torch.empty(2 ** 31 - 1, device="meta"), torch.empty(2 ** 31, device="meta")
+    assert not wide_index(small, torch.empty(3, 5)) and wide_index(small, big)
+    kw = make_inputs(seqlens=(30, 1, 97), H=1, HV=2, K=64, V=32, seed=12, decay=0.1).kwargs()
+    o, h = gdnlab.chunk_gated_delta_rule(**kw, backend="two_kernel")
+    o64, h64 = gdnlab.chunk_gated_delta_rule(**kw, backend="two_kernel", index64=True, poison=True)
+    assert torch.equal(o, o64) and torch.equal(h, h64)
