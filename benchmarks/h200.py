@@ -186,21 +186,26 @@ def _kwargs(inp, be: str) -> dict:
     return kw
 
 
+def _capture(calls) -> list:
+    """One CUDA graph per call, each captured after a warm-up call."""
+    graphs = []
+    for c in calls:
+        c()
+        torch.cuda.synchronize()
+        gr = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(gr):
+            c()
+        graphs.append(gr)
+    return graphs
+
+
 def time_backend(be, sets, **opts) -> tuple[float, float]:
     calls = [lambda kw=_kwargs(s, be): gdnlab.chunk_gated_delta_rule(**kw, backend=be, **opts) for s in sets]
     it = itertools.cycle(calls)
     eager = triton.testing.do_bench(lambda: next(it)(), warmup=25, rep=100, return_mode="median")
     graph = float("nan")
     try:
-        graphs = []
-        for c in calls:
-            c()
-            torch.cuda.synchronize()
-            gr = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(gr):
-                c()
-            graphs.append(gr)
-        git = itertools.cycle(graphs)
+        git = itertools.cycle(_capture(calls))
         graph = triton.testing.do_bench(lambda: next(git).replay(), warmup=25, rep=100, return_mode="median")
     except Exception as e:  # noqa: BLE001
         log("graph capture failed", be, repr(e)[:200])
@@ -311,12 +316,7 @@ def breakdown(env: dict, ok_configs: set | None = None) -> pd.DataFrame:
 
 def graph_ms(fn) -> float:
     """Device time of one call of fn, replayed from a CUDA graph (median of triton.testing.do_bench)."""
-    fn()
-    torch.cuda.synchronize()
-    gr = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(gr):
-        fn()
-    return triton.testing.do_bench(gr.replay, warmup=25, rep=100, return_mode="median")
+    return triton.testing.do_bench(_capture([fn])[0].replay, warmup=25, rep=100, return_mode="median")
 
 
 #: Kernel configs the stage study times: prologue (solve, warps); state kernel (BV, warps, stages); output kernel
@@ -439,12 +439,12 @@ def stages(env: dict, out_dir: str) -> pd.DataFrame:
 #: (programmatic dependent launch) and "early_v" (v loaded before the prologue's solve; state kernel BV 16) ran
 #: with options since removed as slower; their code is commit 6f46325 (benchmarks/NOTES.md item 12).
 STUDIES = {
-    # configs for short prefills, where every input is read cold once (rotated sets); when it ran, "fast" had 2
-    # prologue warps at every size and q normalised by its own launch
     # int32 indices in the kernels (the default where no buffer needs int64) against int64 everywhere
     "index": {
         "fast+i64": ("fast", dict(index64=True)),
     },
+    # configs for short prefills, where every input is read cold once (rotated sets); when it ran, "fast" had 2
+    # prologue warps at every size and q normalised by its own launch
     "small": {
         "fast+pw4": ("fast", dict(prologue_warps=4)),
         "fast+pw4+nq": ("fast", dict(prologue_warps=4, norm_q_in_output=True)),
@@ -568,15 +568,8 @@ def in_situ(env: dict, backends=("fast", "fla")) -> pd.DataFrame:
         tokens = sum(VARLEN) if B == "varlen" else B * T
         for be in backends:
             try:
-                graphs = []
-                for st in sets:
-                    kw = _kwargs(st, be)
-                    gdnlab.chunk_gated_delta_rule(**kw, backend=be)
-                    torch.cuda.synchronize()
-                    gr = torch.cuda.CUDAGraph()
-                    with torch.cuda.graph(gr):
-                        gdnlab.chunk_gated_delta_rule(**kw, backend=be)
-                    graphs.append(gr)
+                graphs = _capture([lambda kw=_kwargs(st, be): gdnlab.chunk_gated_delta_rule(**kw, backend=be)
+                                   for st in sets])
                 for gr in graphs:
                     gr.replay()
                 torch.cuda.synchronize()
