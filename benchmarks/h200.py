@@ -37,6 +37,15 @@ DEV = "cuda"
 TRITON_BACKENDS = ("two_kernel", "fused_shipped", "fused_fixed", "fast", "auto")
 
 
+#: The run's facts every table row carries.
+ENV_KEYS = ("device", "torch", "triton", "date")
+
+
+def _stamp(df: pd.DataFrame, env: dict) -> pd.DataFrame:
+    """df with the run's device, torch, Triton and date in every row."""
+    return df.assign(**{k: env[k] for k in ENV_KEYS})
+
+
 def log(*a):
     print(f"[{time.strftime('%H:%M:%S')}]", *a, flush=True)
 
@@ -93,9 +102,7 @@ def conformance(env: dict, backends=None) -> pd.DataFrame:
                     r["out_maxdiff_two_kernel"] = float((o.float() - o2.float()).abs().max())
         log("conformance", case.name)
     df = pd.DataFrame(rows)
-    for k in ("device", "torch", "triton", "date"):
-        df[k] = env[k]
-    return df
+    return _stamp(df, env)
 
 
 # ---- the Hopper accumulation model against the tensor cores -------------------------------------------------------
@@ -138,9 +145,7 @@ def mma_hardware(env: dict, n: int = 2000) -> pd.DataFrame:
                                  bit_exact_fraction=float(per_tile[sel].mean())))
         log("mma", m, k, cols, instr)
     df = pd.DataFrame(rows)
-    for key in ("device", "torch", "triton", "date"):
-        df[key] = env[key]
-    return df
+    return _stamp(df, env)
 
 
 # ---- speed ---------------------------------------------------------------------------------------------------
@@ -148,6 +153,11 @@ def mma_hardware(env: dict, n: int = 2000) -> pd.DataFrame:
 QWEN = dict(H=16, HV=32, K=128, V=128)
 SHAPES = [(1, 512), (1, 1024), (1, 2048), (1, 4096), (1, 8192), (1, 32768), (1, 65536), (8, 2048), ("varlen", None)]
 VARLEN = [3000, 17, 512, 1, 4096, 700, 64, 129, 2048, 333]
+
+
+def _tokens(B, T) -> int:
+    """Tokens of a bench shape (B x T, or the ragged batch's total)."""
+    return sum(VARLEN) if B == "varlen" else B * T
 
 
 def copy_bandwidth() -> float:
@@ -216,7 +226,7 @@ def bench(env: dict, bw: float, backends) -> pd.DataFrame:
     rows = []
     for B, T in SHAPES:
         sets = _sets(B, T)
-        tokens = sum(VARLEN) if B == "varlen" else B * T
+        tokens = _tokens(B, T)
         floor_ms = floor_bytes(sets[0]) / bw * 1e3
         for be in backends:
             try:
@@ -232,9 +242,7 @@ def bench(env: dict, bw: float, backends) -> pd.DataFrame:
         torch.cuda.empty_cache()
     df = pd.DataFrame(rows)
     df["copy_bw_GBps"] = bw / 1e9
-    for key in ("device", "torch", "triton", "date"):
-        df[key] = env[key]
-    return df
+    return _stamp(df, env)
 
 
 def prologue_variants(env: dict) -> pd.DataFrame:
@@ -263,9 +271,7 @@ def prologue_variants(env: dict) -> pd.DataFrame:
                 rows.append(dict(T=T, solve=solve, num_warps=nw, l2norm_inside=fuse, error=repr(e)[:300]))
             log("prologue", T, solve, nw, fuse, rows[-1].get("ms"), rows[-1].get("maxdiff_default"))
     df = pd.DataFrame(rows)
-    for key in ("device", "torch", "triton", "date"):
-        df[key] = env[key]
-    return df
+    return _stamp(df, env)
 
 
 def breakdown(env: dict, ok_configs: set | None = None) -> pd.DataFrame:
@@ -309,9 +315,7 @@ def breakdown(env: dict, ok_configs: set | None = None) -> pd.DataFrame:
     df = pd.DataFrame(rows)
     df["sms"] = sms
     df["programs_per_sm"] = df["programs"] / sms
-    for key in ("device", "torch", "triton", "date"):
-        df[key] = env[key]
-    return df
+    return _stamp(df, env)
 
 
 def graph_ms(fn) -> float:
@@ -338,10 +342,10 @@ def stages(env: dict, out_dir: str) -> pd.DataFrame:
     rows: list[dict] = []
 
     def add(**r):
-        r.update(device=env["device"], torch=env["torch"], triton=env["triton"], date=env["date"])
+        r.update({k: env[k] for k in ENV_KEYS})
         rows.append(r)
         pd.DataFrame(rows).to_csv(path, index=False)
-        log("stage", {k: v for k, v in r.items() if k not in ("device", "torch", "triton", "date")})
+        log("stage", {k: v for k, v in r.items() if k not in ENV_KEYS})
 
     for T in (512, 2048, 8192, 32768):
         inp = _inputs(1, T, 0)
@@ -479,7 +483,8 @@ def variants(env: dict, bw: float, study: str, shapes=None, rounds: int = 3) -> 
     rows = []
     for B, T in shapes or SHAPES:
         sets = _sets(B, T)
-        tokens = sum(VARLEN) if B == "varlen" else B * T
+        tokens = _tokens(B, T)
+        floor_ms = floor_bytes(sets[0]) / bw * 1e3
         kw = _kwargs(sets[0], "fast")
         o_ref, h_ref = gdnlab.chunk_gated_delta_rule(**kw, backend="fast", poison=True)
         checks = {}
@@ -498,7 +503,7 @@ def variants(env: dict, bw: float, study: str, shapes=None, rounds: int = 3) -> 
                 try:
                     ms, gms = time_backend(be, sets)
                     rows.append(dict(backend=be, B=B, T=T if T else tokens, tokens=tokens, round=r, ms=ms,
-                                     graph_ms=gms, floor_ms=floor_bytes(sets[0]) / bw * 1e3, **checks.get(be, {})))
+                                     graph_ms=gms, floor_ms=floor_ms, **checks.get(be, {})))
                 except Exception as e:  # noqa: BLE001
                     rows.append(dict(backend=be, B=B, T=T, tokens=tokens, round=r, error=repr(e)[:300]))
                 log("variant", be, B, T, r, rows[-1].get("ms"), rows[-1].get("graph_ms"))
@@ -509,9 +514,7 @@ def variants(env: dict, bw: float, study: str, shapes=None, rounds: int = 3) -> 
     med = df.groupby(["B", "T", "backend"], sort=False)["graph_ms"].median().unstack()
     print((med.div(med["fla"], axis=0)).round(3).to_string(), flush=True)
     df["copy_bw_GBps"] = bw / 1e9
-    for key in ("device", "torch", "triton", "date"):
-        df[key] = env[key]
-    return df
+    return _stamp(df, env)
 
 
 def _fla_autotuners() -> dict:
@@ -551,9 +554,7 @@ def fla_tuning(env: dict, tokens=(2048, 32768), draws: int = 4) -> pd.DataFrame:
         del sets
         torch.cuda.empty_cache()
     df = pd.DataFrame(rows)
-    for key in ("device", "torch", "triton", "date"):
-        df[key] = env[key]
-    return df
+    return _stamp(df, env)
 
 
 def in_situ(env: dict, backends=("fast", "fla")) -> pd.DataFrame:
@@ -565,7 +566,7 @@ def in_situ(env: dict, backends=("fast", "fla")) -> pd.DataFrame:
     reps = 20
     for B, T in SHAPES:
         sets = _sets(B, T)
-        tokens = sum(VARLEN) if B == "varlen" else B * T
+        tokens = _tokens(B, T)
         for be in backends:
             try:
                 graphs = _capture([lambda kw=_kwargs(st, be): gdnlab.chunk_gated_delta_rule(**kw, backend=be)
@@ -595,9 +596,7 @@ def in_situ(env: dict, backends=("fast", "fla")) -> pd.DataFrame:
         del sets
         torch.cuda.empty_cache()
     df = pd.DataFrame(rows)
-    for key in ("device", "torch", "triton", "date"):
-        df[key] = env[key]
-    return df
+    return _stamp(df, env)
 
 
 def main() -> int:

@@ -31,8 +31,7 @@ def choose(tokens: int, varlen: bool, on_cuda: bool, capturing: bool, fla_ok: bo
     from."""
     if not (on_cuda and fla_ok) or varlen:
         return LAB
-    window = GRAPH_FLA
-    return "fla" if capturing and window is not None and window[0] <= tokens < window[1] else LAB
+    return "fla" if capturing and GRAPH_FLA is not None and GRAPH_FLA[0] <= tokens < GRAPH_FLA[1] else LAB
 
 
 def auto_backend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,

@@ -27,12 +27,17 @@ def load_bench(path: str | Path | None = None) -> pd.DataFrame:
     return load_bench_frame(pd.read_csv(path or default_bench()))
 
 
+def _shape_labels(df: pd.DataFrame) -> list[str]:
+    """"1x512", "8x2048", "varlen": each row's shape from its B and T."""
+    return [("varlen" if str(b) == "varlen" else f"{b}x{int(t)}") for b, t in zip(df.B, df["T"])]
+
+
 def load_bench_frame(df: pd.DataFrame) -> pd.DataFrame:
     """:func:`load_bench` on a table already in memory."""
     if "error" in df:
         df = df[df["error"].isna() | (df["error"] == "")]
     df = df.copy()
-    df["shape"] = [("varlen" if b == "varlen" else f"{b}x{int(t)}") for b, t in zip(df.B, df["T"])]
+    df["shape"] = _shape_labels(df)
     df["tokens"] = df["tokens"].astype(int)
     if "seed" not in df:  # benchmarks/h200.py rotates input sets drawn with seeds 0 .. n-1 (n <= 8)
         df["seed"] = "0..n-1 (rotated sets)"
@@ -186,7 +191,7 @@ def stage_breakdown(in_situ: str | Path | pd.DataFrame) -> pd.DataFrame:
     graph-replayed call), with the call's graph time beside them."""
     df = in_situ if isinstance(in_situ, pd.DataFrame) else pd.read_csv(in_situ)
     df = df[df["kernel"].notna()].copy()
-    df["shape"] = [("varlen" if str(b) == "varlen" else f"{b}x{int(t)}") for b, t in zip(df.B, df["T"])]
+    df["shape"] = _shape_labels(df)
     df["stage"] = df.kernel.map(_stage)
     t = df.pivot_table(index=["shape", "backend"], columns="stage", values="us_per_call", aggfunc="sum").fillna(0)
     t["kernels"] = t.sum(axis=1)

@@ -49,8 +49,9 @@ def test_register_backend_refuses_bad_registrations():
 
 
 def test_fast_configuration_is_bit_equal_on_cpu():
-    """fast's kernel configs (state kernel BV 32, output kernel BV 128, 2 prologue warps) change tiling, not numbers:
-    bit-equal to two_kernel's defaults under the interpreter, every element written."""
+    """fast's kernel configs (state kernel BV 32, output kernel BV 128, and at this size 4 prologue warps and q
+    normalised in the output kernel) change tiling and launches, not numbers: bit-equal to two_kernel's defaults
+    under the interpreter, every element written."""
     kw = make_inputs(B=1, T=150, H=2, HV=4, K=128, V=128, seed=3, decay=0.1).kwargs()
     assert kw["output_final_state"]
     o, h = gdnlab.chunk_gated_delta_rule(**kw, backend="two_kernel")
