@@ -1,7 +1,7 @@
 """One device call on a CUDA GPU: check, compare and time every backend; write CSV/JSON under --out.
 
     python3 benchmarks/h200.py --out $OUT [--parts env,prologue,conformance,mma,bench,breakdown,stages,variants,
-                                           fla_tuning,in_situ] [--variants STUDY]
+                                           fla_tuning,in_situ,host] [--variants STUDY] [--register STUDY]
 
 Each part records its own failures instead of stopping the run, so one call yields everything it can. Results are
 committed under reports/h200/ with the device, driver, torch and Triton versions and the date (env.json).
@@ -13,6 +13,7 @@ import datetime
 import itertools
 import json
 import os
+import random
 import subprocess
 import sys
 import time
@@ -209,36 +210,99 @@ def _capture(calls) -> list:
     return graphs
 
 
-def time_backend(be, sets, **opts) -> tuple[float, float]:
-    calls = [lambda kw=_kwargs(s, be): gdnlab.chunk_gated_delta_rule(**kw, backend=be, **opts) for s in sets]
-    it = itertools.cycle(calls)
-    eager = triton.testing.do_bench(lambda: next(it)(), warmup=25, rep=100, return_mode="median")
-    graph = float("nan")
+def _calls(be, sets, **opts) -> list:
+    """One call per input set, on backend `be`."""
+    return [lambda kw=_kwargs(x, be): gdnlab.chunk_gated_delta_rule(**kw, backend=be, **opts) for x in sets]
+
+
+def _graph_time(calls) -> float:
+    """Median time of replaying the calls' CUDA graphs in turn (nan when a call cannot be captured)."""
     try:
         git = itertools.cycle(_capture(calls))
-        graph = triton.testing.do_bench(lambda: next(git).replay(), warmup=25, rep=100, return_mode="median")
+        return triton.testing.do_bench(lambda: next(git).replay(), warmup=25, rep=100, return_mode="median")
     except Exception as e:  # noqa: BLE001
-        log("graph capture failed", be, repr(e)[:200])
-    return eager, graph
+        log("graph capture failed", repr(e)[:200])
+        return float("nan")
 
 
-def bench(env: dict, bw: float, backends) -> pd.DataFrame:
+def time_backend(be, sets, **opts) -> tuple[float, float]:
+    calls = _calls(be, sets, **opts)
+    it = itertools.cycle(calls)
+    eager = triton.testing.do_bench(lambda: next(it)(), warmup=25, rep=100, return_mode="median")
+    return eager, _graph_time(calls)
+
+
+def eager_paired(calls: dict, reps: int = 100, warmup: int = 5) -> tuple[dict, dict]:
+    """Eager time of every backend's call, sampled call by call with the backends in a fresh shuffled order each
+    repetition, so that host drift (seconds long, up to 2x on this machine) hits every backend alike. Each sample
+    is what do_bench times: L2 flushed, then the GPU time from an event before the call to one after it, which for
+    a host-bound call is the host's launch span. Returns (samples in ms by backend, error by backend)."""
+    flush = torch.empty(256 * 1024 ** 2 // 4, dtype=torch.int32, device=DEV)
+    its = {be: itertools.cycle(c) for be, c in calls.items()}
+    errors = {}
+    for be in list(its):
+        try:
+            for _ in range(warmup):
+                next(its[be])()
+        except Exception as e:  # noqa: BLE001
+            errors[be] = repr(e)[:300]
+            del its[be]
+    torch.cuda.synchronize()
+    names, events = list(its), {be: [] for be in its}
+    rng = random.Random(0)
+    for _ in range(reps):
+        rng.shuffle(names)
+        for be in names:
+            flush.zero_()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            next(its[be])()
+            end.record()
+            events[be].append((start, end))
+    torch.cuda.synchronize()
+    return {be: np.array([a.elapsed_time(b) for a, b in ev]) for be, ev in events.items()}, errors
+
+
+def bench(env: dict, bw: float, backends, rounds: int = 3) -> pd.DataFrame:
+    """Every backend at every bench shape. Eager: eager_paired, ms its median and ms_iqr the interquartile range
+    over the median. Graph: `rounds` interleaved rounds of do_bench, graph_ms their median and graph_spread
+    (max - min) / median. Each lab backend's output on the first set is compared bit for bit with fast's
+    (bit_equal_fast)."""
     rows = []
     for B, T in SHAPES:
         sets = _sets(B, T)
         tokens = _tokens(B, T)
         floor_ms = floor_bytes(sets[0]) / bw * 1e3
+        kw = _kwargs(sets[0], "fast")
+        o_ref, h_ref = gdnlab.chunk_gated_delta_rule(**kw, backend="fast", poison=True)
+        equal = {}
         for be in backends:
-            try:
-                ms, gms = time_backend(be, sets)
-                rows.append(dict(backend=be, B=B, T=T if T else tokens, tokens=tokens, ms=ms, graph_ms=gms,
-                                 seed=f"0..{len(sets) - 1} (rotated sets)",
-                                 tokens_per_s=tokens / (min(ms, gms if gms == gms else ms) * 1e-3),
-                                 floor_ms=floor_ms, error=""))
-            except Exception as e:  # noqa: BLE001
-                rows.append(dict(backend=be, B=B, T=T, tokens=tokens, error=repr(e)[:300]))
-            log("bench", be, B, T, rows[-1].get("ms"), rows[-1].get("graph_ms"))
-        del sets
+            if be != "fla":
+                o, h = gdnlab.chunk_gated_delta_rule(**kw, backend=be, poison=True)
+                equal[be] = bool(torch.equal(o, o_ref) and torch.equal(h, h_ref))
+        calls = {be: _calls(be, sets) for be in backends}
+        eager, errors = eager_paired(calls)
+        graphs: dict = {be: [] for be in backends}
+        for _ in range(rounds):
+            for be in backends:
+                if be not in errors:
+                    graphs[be].append(_graph_time(calls[be]))
+        for be in backends:
+            if be in errors:
+                rows.append(dict(backend=be, B=B, T=T, tokens=tokens, error=errors[be]))
+                continue
+            ms = float(np.median(eager[be]))
+            g = np.array(graphs[be], dtype=float)
+            gms = float(np.median(g))
+            q1, q3 = np.percentile(eager[be], [25, 75])
+            rows.append(dict(backend=be, B=B, T=T if T else tokens, tokens=tokens, ms=ms, graph_ms=gms,
+                             ms_iqr=float((q3 - q1) / ms), graph_spread=float(np.ptp(g) / gms),
+                             eager_samples=len(eager[be]), rounds=len(g),
+                             seed=f"0..{len(sets) - 1} (rotated sets)",
+                             tokens_per_s=tokens / (min(ms, gms if gms == gms else ms) * 1e-3),
+                             floor_ms=floor_ms, bit_equal_fast=equal.get(be), error=""))
+            log("bench", be, B, T, round(ms, 4), round(gms, 4), "iqr", round(rows[-1]["ms_iqr"], 3))
+        del sets, calls
         torch.cuda.empty_cache()
     df = pd.DataFrame(rows)
     df["copy_bw_GBps"] = bw / 1e9
@@ -459,6 +523,11 @@ STUDIES = {
         "pw4+bv64+o128": ("two_kernel", dict(out_BV=128)),
         "pw2+bv64+o128": ("two_kernel", dict(prologue_warps=2, out_BV=128)),
     },
+    # host work per eager call (fifth session): q's and k's l2-norm inside the prologue, one launch fewer
+    "eager": {
+        "fast+fn": ("fast", dict(fuse_norm=True)),
+        "fast+nq": ("fast", dict(norm_q_in_output=True)),
+    },
 }
 
 
@@ -599,6 +668,46 @@ def in_situ(env: dict, backends=("fast", "fla")) -> pd.DataFrame:
     return _stamp(df, env)
 
 
+def host(env: dict, out_dir: str, backends, tokens=(512, 2048), n: int = 300) -> pd.DataFrame:
+    """Host time per eager call: the wall time of `n` back-to-back calls on one input, synchronised once at the
+    end (at these sizes the host, not the GPU, sets the pace), per backend and size; fast's call at the smallest
+    size is profiled with cProfile into host_profile.txt (where the host time goes)."""
+    import cProfile
+    import io
+    import pstats
+    rows = []
+    for T in tokens:
+        kw = _kwargs(_inputs(1, T, 0), "fast")
+        for be in backends:
+            call = lambda: gdnlab.chunk_gated_delta_rule(**kw, backend=be)  # noqa: E731
+            for _ in range(20):
+                call()
+            torch.cuda.synchronize()
+            walls = []
+            for _ in range(5):
+                t0 = time.perf_counter()
+                for _ in range(n):
+                    call()
+                torch.cuda.synchronize()
+                walls.append((time.perf_counter() - t0) / n * 1e6)
+            rows.append(dict(backend=be, B=1, T=T, tokens=T, us_per_call=float(np.median(walls)),
+                             us_min=float(min(walls)), us_max=float(max(walls)), calls=n))
+            log("host", be, T, round(rows[-1]["us_per_call"], 1))
+    kw = _kwargs(_inputs(1, tokens[0], 0), "fast")
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(n):
+        gdnlab.chunk_gated_delta_rule(**kw, backend="fast")
+    torch.cuda.synchronize()
+    prof.disable()
+    buf = io.StringIO()
+    pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(30)
+    with open(os.path.join(out_dir, "host_profile.txt"), "w") as f:
+        f.write(f"fast, B=1 T={tokens[0]}, {n} eager calls, cProfile sorted by tottime\n{json.dumps(env)}\n")
+        f.write(buf.getvalue())
+    return _stamp(pd.DataFrame(rows), env)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
@@ -637,6 +746,7 @@ def main() -> int:
         jobs["variants"] = lambda: variants(env, bw, args.variants, shapes)
         # the backends registered when the part runs (a variants part before it adds its candidates)
         jobs["bench"] = lambda: bench(env, bw, chosen or [b for b in gdnlab.BACKENDS if b != "reference"])
+    jobs["host"] = lambda: host(env, args.out, chosen or [b for b in gdnlab.BACKENDS if b != "reference"])
     status = 0
     for part in parts:
         if part not in jobs:

@@ -1,16 +1,23 @@
 """The "auto" backend: a written rule, learned from reports/h200/bench.csv, that picks the fastest correct backend
 for a call from its shape and context, without timing anything per call.
 
-How the rule was learned (H200, Qwen3-Next layer shape, 2026-12-02; benchmarks/NOTES.md items 12-14):
+How the rule was learned (H200, Qwen3-Next layer shape, 2026-12-02/03; benchmarks/NOTES.md items 12-15):
 - Replayed in a CUDA graph, device time is all that counts. Against the previous fast (int64 indices) FLA was
   ahead at 1024-2048 tokens in two of three machine starts, so the rule then sent captured calls of 1024-4095
-  tokens to FLA. The committed benchmark (reports/h200/bench.csv) ran that rule: at 1024 and 2048 tokens auto (FLA)
+  tokens to FLA. The fifth run (reports/h200/bench_run5.csv) ran that rule: at 1024 and 2048 tokens auto (FLA)
   took 1.076x and 1.055x the time of the current fast, which was faster than FLA at every size of that run
   (0.80-0.95x FLA's time). So no captured size goes to FLA now (``GRAPH_FLA`` is None). FLA's time depends on its
   autotuner's picks: re-tuned later in the same process it ran 15% (2048 tokens) and 19% (32768) faster than after
   its first tune, faster than fast there (reports/h200/fla_retune.csv). The window stays a parameter for that case.
-- Called eagerly, FLA pays ~0.4-1 ms of host work per call, so every eager call goes to the lab. Below ~4096
-  tokens every lab path is host-bound (0.2-0.5 ms, run-to-run noise of the same size).
+- Called eagerly, FLA pays ~0.8-1.2 ms of host work per call, so every eager call goes to the lab. Below 4096
+  tokens every lab path is host-bound: an eager call's time is the host's span of its launches, so fewer launches
+  win. fast with the q/k l2-norm inside its prologue (``fuse_norm``: three launches instead of four or five,
+  bit-equal) had the lowest median eager time at 512-2048 tokens in the first machine start of the sixth session
+  (0.187 / 0.181 / 0.233 ms; reports/h200/bench_rounds.csv), while its heavier prologue costs device time from
+  4096 tokens on (graph 0.463 against fast's 0.295 ms). So eager CUDA calls below ``EAGER_FUSE_NORM`` tokens run
+  fast with ``fuse_norm``. Measured with that rule (reports/h200/bench.csv) auto was within 5% of the fastest
+  eagerly at 7 of 9 sizes and within 7% at the other two, where its own samples spread by 19% and 47%
+  (benchmarks/NOTES.md item 15).
 - A captured varlen call cannot go to FLA (it copies cu_seqlens to the host); without CUDA or without FLA, the
   lab's fast is the only candidate.
 """
@@ -24,6 +31,8 @@ import torch
 GRAPH_FLA: tuple[int, int] | None = None
 #: The lab's backend the rule falls back on.
 LAB = "fast"
+#: An eager CUDA call of fewer tokens runs LAB with the l2-norm inside the prologue (one launch fewer).
+EAGER_FUSE_NORM = 4096
 
 
 def choose(tokens: int, varlen: bool, on_cuda: bool, capturing: bool, fla_ok: bool) -> str:
@@ -34,6 +43,11 @@ def choose(tokens: int, varlen: bool, on_cuda: bool, capturing: bool, fla_ok: bo
     return "fla" if capturing and GRAPH_FLA is not None and GRAPH_FLA[0] <= tokens < GRAPH_FLA[1] else LAB
 
 
+def options(tokens: int, on_cuda: bool, capturing: bool) -> dict[str, Any]:
+    """The options auto passes to LAB for such a call (see the module docstring)."""
+    return {"fuse_norm": True} if on_cuda and not capturing and tokens < EAGER_FUSE_NORM else {}
+
+
 def auto_backend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
                  **kw: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Run the backend `choose` names for this call (same signature as every backend), through the public entry
@@ -42,10 +56,12 @@ def auto_backend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Ten
 
     on_cuda = q.is_cuda
     capturing = on_cuda and torch.cuda.is_current_stream_capturing()
-    name = choose(int(q.shape[0] * q.shape[1]), kw.get("cu_seqlens") is not None, on_cuda, capturing,
-                  "fla" in BACKENDS)
+    tokens = int(q.shape[0] * q.shape[1])
+    name = choose(tokens, kw.get("cu_seqlens") is not None, on_cuda, capturing, "fla" in BACKENDS)
     if name == "fla":
         kw.pop("poison", None)  # an option of the lab's kernels only
+    else:
+        kw = {**options(tokens, on_cuda, capturing), **kw}
     return chunk_gated_delta_rule(q, k, v, g, beta, backend=name, **kw)
 
 

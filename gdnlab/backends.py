@@ -9,6 +9,8 @@ runs on it.
 """
 from __future__ import annotations
 
+import functools
+
 from typing import Any, Callable
 
 import torch
@@ -197,7 +199,13 @@ def multiprocessors(device: torch.device) -> int:
     """The device's streaming multiprocessors (NOMINAL_SMS off CUDA)."""
     if device.type != "cuda":
         return NOMINAL_SMS
-    return torch.cuda.get_device_properties(device).multi_processor_count
+    return _sm_count(torch.cuda.current_device() if device.index is None else device.index)
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(index: int) -> int:
+    """Asked once per device: every eager call needs it and the query costs host time."""
+    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 register_backend("fast", _triton("two_kernel", by_size=fast_by_size, **FAST))

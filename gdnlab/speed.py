@@ -11,7 +11,7 @@ from matplotlib.figure import Figure
 from gdnlab.findings import Finding, _fail
 
 __all__ = ["default_bench", "load_bench", "load_bench_frame", "speed_table", "targets", "fix_is_free",
-           "faster_eager", "versus", "time_vs_tokens", "floor_fraction", "far_from_floor", "stage_breakdown",
+           "faster_eager", "misses_within_noise", "versus", "time_vs_tokens", "floor_fraction", "far_from_floor", "stage_breakdown",
            "stage_figure", "run_to_run", "provenance"]
 
 TIMINGS = {"ms": "eager", "graph_ms": "graph"}
@@ -113,6 +113,32 @@ def faster_eager(bench: pd.DataFrame, a: str = "fast", b: str = "fla", factor: f
     return Finding(f"Called eagerly, {a} is {r.min():.2f}-{r.max():.2f}x faster than {b} at every size with "
                    f"B*T <= {small_tokens} ({len(r)} sizes): {b} spends most of a short call on the host.",
                    r.to_dict())
+
+
+def misses_within_noise(bench: pd.DataFrame, backend: str = "auto", goal: float = 1.05) -> Finding:
+    """Every size where `backend`'s eager time exceeds `goal` x the fastest backend's misses by less than the
+    interquartile range of `backend`'s own eager samples there (`ms_iqr`, over the median): a miss that the
+    measurement cannot tell from noise, said with its numbers."""
+    if "ms_iqr" not in bench:
+        raise _fail("misses_within_noise: the benchmark has no ms_iqr (eager samples' spread)", list(bench.columns))
+    t = speed_table(bench, "ms")
+    if backend not in t:
+        raise _fail(f"misses_within_noise: no {backend} rows", list(t.columns))
+    ratio = (t[backend] / t.drop(columns=backend).min(axis=1)).dropna()
+    iqr = speed_table(bench, "ms_iqr")[backend]
+    miss = ratio[ratio > goal]
+    loud = miss[miss - 1 > iqr[miss.index]]
+    if len(loud):
+        raise _fail(f"{backend} misses {goal:g}x the fastest eagerly by more than its own samples' spread",
+                    {s: (round(float(miss[s]), 3), round(float(iqr[s]), 3)) for s in loud.index})
+    if miss.empty:
+        return Finding(f"Eagerly, {backend} is within {goal:g}x of the fastest backend at all {len(ratio)} sizes.",
+                       ratio.to_dict())
+    detail = ", ".join(f"{s} {miss[s]:.3f}x (IQR {iqr[s]:.0%})" for s in miss.index)
+    return Finding(f"Eagerly, {backend} is within {goal:g}x of the fastest backend at {len(ratio) - len(miss)} of "
+                   f"{len(ratio)} sizes; where not ({detail}) the miss is smaller than the interquartile range of "
+                   f"{backend}'s own eager samples there, so the measurement cannot tell it from noise.",
+                   {s: (float(miss[s]), float(iqr[s])) for s in miss.index})
 
 
 def versus(bench: pd.DataFrame, a: str, b: str, timing: str = "graph_ms") -> Finding:

@@ -31,6 +31,16 @@ def test_a_window_sends_captured_calls_to_fla(monkeypatch):
     assert auto.choose(2048, True, True, True, True) == "fast"  # varlen
 
 
+@pytest.mark.parametrize("tokens,cuda,capturing,want", [
+    (4095, True, False, {"fuse_norm": True}),  # eager and host-bound: one launch fewer
+    (4096, True, False, {}),                   # from here the fused prologue costs device time
+    (512, True, True, {}),                     # captured: only device time counts
+    (512, False, False, {}),                   # CPU: no launches to save
+])
+def test_options(tokens, cuda, capturing, want):
+    assert auto.options(tokens, cuda, capturing) == want
+
+
 def test_auto_runs_the_backend_it_names_on_cpu():
     kw = make_inputs(B=2, T=70, H=1, HV=2, K=32, V=32, seed=6).kwargs()
     o, h = gdnlab.chunk_gated_delta_rule(**kw, backend="auto", poison=True)

@@ -44,6 +44,18 @@ def test_findings_hold_or_fail_with_numbers():
         speed.far_from_floor(_synthetic(), at_most=0.01)
 
 
+def test_eager_misses_are_judged_against_their_own_spread():
+    b = _synthetic().assign(ms_iqr=0.2)
+    assert "at all 2 sizes" in str(speed.misses_within_noise(b))
+    b.loc[(b.backend == "auto") & (b.tokens == 512), "ms"] = 0.55  # 1.10x the fastest
+    assert "1x512 1.100x (IQR 20%)" in str(speed.misses_within_noise(b))
+    b["ms_iqr"] = 0.05
+    with pytest.raises(AssertionError, match="own samples' spread"):
+        speed.misses_within_noise(b)
+    with pytest.raises(AssertionError, match="no ms_iqr"):
+        speed.misses_within_noise(b.drop(columns="ms_iqr"))
+
+
 def test_committed_h200_bench_renders():
     b = speed.load_bench()
     assert {"fla", "two_kernel", "fused_shipped", "fused_fixed", "fast", "auto"} <= set(b.backend)
