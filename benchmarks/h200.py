@@ -716,6 +716,7 @@ def main() -> int:
     ap.add_argument("--variants", default="small", choices=sorted(STUDIES), help="study of the variants part")
     ap.add_argument("--register", default="", choices=["", *sorted(STUDIES)],
                     help="register this study's candidates first, so that conformance and bench include them")
+    ap.add_argument("--fla-tokens", default="2048,32768", help="sizes (one sequence) of the fla_tuning part")
     ap.add_argument("--probe", default="", help="probe CSV: path,BV,num_warps,status,... (breakdown times ok ones)")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
@@ -738,7 +739,8 @@ def main() -> int:
     jobs = dict(conformance=lambda: conformance(env, chosen), mma=lambda: mma_hardware(env),
                 prologue=lambda: prologue_variants(env),
                 breakdown=lambda: breakdown(env, ok), stages=lambda: stages(env, args.out),
-                fla_tuning=lambda: fla_tuning(env), in_situ=lambda: in_situ(env))
+                fla_tuning=lambda: fla_tuning(env, tuple(int(t) for t in args.fla_tokens.split(","))),
+                in_situ=lambda: in_situ(env))
     if "bench" in parts or "variants" in parts:
         bw = copy_bandwidth()
         log("copy bandwidth GB/s", bw / 1e9)
