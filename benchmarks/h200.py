@@ -523,7 +523,7 @@ STUDIES = {
         "pw4+bv64+o128": ("two_kernel", dict(out_BV=128)),
         "pw2+bv64+o128": ("two_kernel", dict(prologue_warps=2, out_BV=128)),
     },
-    # host work per eager call (fifth session): q's and k's l2-norm inside the prologue, one launch fewer
+    # host work per eager call (sixth session): q's and k's l2-norm inside the prologue, one launch fewer
     "eager": {
         "fast+fn": ("fast", dict(fuse_norm=True)),
         "fast+nq": ("fast", dict(norm_q_in_output=True)),
