@@ -31,7 +31,7 @@ from gdnlab.backends import get_backend  # noqa: E402
 from gdnlab.cases import CASES, ISOLATION  # noqa: E402
 from gdnlab.inputs import make_inputs  # noqa: E402
 from gdnlab.kernels import ChunkPlan, alloc, fused, l2norm, run_prologue, two_kernel  # noqa: E402
-from gdnlab.metrics import CUTEDSL_OUTPUT, CUTEDSL_STATE, errors, valid_rows  # noqa: E402
+from gdnlab.metrics import CUTEDSL_OUTPUT, CUTEDSL_STATE, valid_rows  # noqa: E402
 from gdnlab.reference import recurrent_gated_delta_rule_ref  # noqa: E402
 
 DEV = "cuda"
@@ -263,6 +263,25 @@ def eager_paired(calls: dict, reps: int = 100, warmup: int = 5) -> tuple[dict, d
     return {be: np.array([a.elapsed_time(b) for a, b in ev]) for be, ev in events.items()}, errors
 
 
+def _against_fast(kw: dict, backends) -> dict:
+    """Each lab backend's poisoned output on one input compared with fast's: bit_equal_fast, maxdiff_fast,
+    all_written (or the error it raised)."""
+    o_ref, h_ref = gdnlab.chunk_gated_delta_rule(**kw, backend="fast", poison=True)
+    checks = {}
+    for be in backends:
+        if be == "fla":
+            continue
+        try:
+            o, h = gdnlab.chunk_gated_delta_rule(**kw, backend=be, poison=True)
+            torch.cuda.synchronize()
+            checks[be] = dict(bit_equal_fast=bool(torch.equal(o, o_ref) and torch.equal(h, h_ref)),
+                              maxdiff_fast=float((o.float() - o_ref.float()).abs().max()),
+                              all_written=bool(torch.isfinite(o).all()))
+        except Exception as e:  # noqa: BLE001
+            checks[be] = dict(error=repr(e)[:300])
+    return checks
+
+
 def bench(env: dict, bw: float, backends, rounds: int = 3) -> pd.DataFrame:
     """Every backend at every bench shape. Eager: eager_paired, ms its median and ms_iqr the interquartile range
     over the median. Graph: `rounds` interleaved rounds of do_bench, graph_ms their median and graph_spread
@@ -273,13 +292,7 @@ def bench(env: dict, bw: float, backends, rounds: int = 3) -> pd.DataFrame:
         sets = _sets(B, T)
         tokens = _tokens(B, T)
         floor_ms = floor_bytes(sets[0]) / bw * 1e3
-        kw = _kwargs(sets[0], "fast")
-        o_ref, h_ref = gdnlab.chunk_gated_delta_rule(**kw, backend="fast", poison=True)
-        equal = {}
-        for be in backends:
-            if be != "fla":
-                o, h = gdnlab.chunk_gated_delta_rule(**kw, backend=be, poison=True)
-                equal[be] = bool(torch.equal(o, o_ref) and torch.equal(h, h_ref))
+        equal = _against_fast(_kwargs(sets[0], "fast"), backends)
         calls = {be: _calls(be, sets) for be in backends}
         eager, errors = eager_paired(calls)
         graphs: dict = {be: [] for be in backends}
@@ -300,7 +313,8 @@ def bench(env: dict, bw: float, backends, rounds: int = 3) -> pd.DataFrame:
                              eager_samples=len(eager[be]), rounds=len(g),
                              seed=f"0..{len(sets) - 1} (rotated sets)",
                              tokens_per_s=tokens / (min(ms, gms if gms == gms else ms) * 1e-3),
-                             floor_ms=floor_ms, bit_equal_fast=equal.get(be), error=""))
+                             floor_ms=floor_ms, bit_equal_fast=equal.get(be, {}).get("bit_equal_fast"),
+                             error=""))
             log("bench", be, B, T, round(ms, 4), round(gms, 4), "iqr", round(rows[-1]["ms_iqr"], 3))
         del sets, calls
         torch.cuda.empty_cache()
@@ -554,19 +568,8 @@ def variants(env: dict, bw: float, study: str, shapes=None, rounds: int = 3) -> 
         sets = _sets(B, T)
         tokens = _tokens(B, T)
         floor_ms = floor_bytes(sets[0]) / bw * 1e3
-        kw = _kwargs(sets[0], "fast")
-        o_ref, h_ref = gdnlab.chunk_gated_delta_rule(**kw, backend="fast", poison=True)
-        checks = {}
-        for be in cands:
-            try:
-                o, h = gdnlab.chunk_gated_delta_rule(**kw, backend=be, poison=True)
-                torch.cuda.synchronize()
-                checks[be] = dict(bit_equal_fast=bool(torch.equal(o, o_ref) and torch.equal(h, h_ref)),
-                                  maxdiff_fast=float((o.float() - o_ref.float()).abs().max()),
-                                  all_written=bool(torch.isfinite(o).all()))
-            except Exception as e:  # noqa: BLE001
-                checks[be] = dict(error=repr(e)[:300])
-            log("variant check", B, T, be, checks[be])
+        checks = _against_fast(_kwargs(sets[0], "fast"), cands)
+        log("variant check", B, T, checks)
         for r in range(rounds):
             for be in names:
                 try:
@@ -676,8 +679,8 @@ def host(env: dict, out_dir: str, backends, tokens=(512, 2048), n: int = 300) ->
     import io
     import pstats
     rows = []
-    for T in tokens:
-        kw = _kwargs(_inputs(1, T, 0), "fast")
+    kws = {T: _kwargs(_inputs(1, T, 0), "fast") for T in tokens}
+    for T, kw in kws.items():
         for be in backends:
             call = lambda: gdnlab.chunk_gated_delta_rule(**kw, backend=be)  # noqa: E731
             for _ in range(20):
@@ -693,7 +696,7 @@ def host(env: dict, out_dir: str, backends, tokens=(512, 2048), n: int = 300) ->
             rows.append(dict(backend=be, B=1, T=T, tokens=T, us_per_call=float(np.median(walls)),
                              us_min=float(min(walls)), us_max=float(max(walls)), calls=n))
             log("host", be, T, round(rows[-1]["us_per_call"], 1))
-    kw = _kwargs(_inputs(1, tokens[0], 0), "fast")
+    kw = kws[tokens[0]]
     prof = cProfile.Profile()
     prof.enable()
     for _ in range(n):
@@ -736,6 +739,10 @@ def main() -> int:
     if args.register:
         _register_variants(STUDIES[args.register])
     chosen = args.backends.split(",") if args.backends else None
+
+    def timed() -> list:
+        """The backends registered when the part runs (a variants part before it adds its candidates)."""
+        return chosen or [b for b in gdnlab.BACKENDS if b != "reference"]
     jobs = dict(conformance=lambda: conformance(env, chosen), mma=lambda: mma_hardware(env),
                 prologue=lambda: prologue_variants(env),
                 breakdown=lambda: breakdown(env, ok), stages=lambda: stages(env, args.out),
@@ -746,9 +753,8 @@ def main() -> int:
         log("copy bandwidth GB/s", bw / 1e9)
         shapes = dict(small=[(1, 512), (1, 1024), (1, 2048), (1, 8192)]).get(args.variants)
         jobs["variants"] = lambda: variants(env, bw, args.variants, shapes)
-        # the backends registered when the part runs (a variants part before it adds its candidates)
-        jobs["bench"] = lambda: bench(env, bw, chosen or [b for b in gdnlab.BACKENDS if b != "reference"])
-    jobs["host"] = lambda: host(env, args.out, chosen or [b for b in gdnlab.BACKENDS if b != "reference"])
+        jobs["bench"] = lambda: bench(env, bw, timed())
+    jobs["host"] = lambda: host(env, args.out, timed())
     status = 0
     for part in parts:
         if part not in jobs:

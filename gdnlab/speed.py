@@ -11,8 +11,8 @@ from matplotlib.figure import Figure
 from gdnlab.findings import Finding, _fail
 
 __all__ = ["default_bench", "load_bench", "load_bench_frame", "speed_table", "targets", "fix_is_free",
-           "faster_eager", "misses_within_noise", "versus", "time_vs_tokens", "floor_fraction", "far_from_floor", "stage_breakdown",
-           "stage_figure", "run_to_run", "provenance"]
+           "faster_eager", "misses_within_noise", "versus", "time_vs_tokens", "floor_fraction", "far_from_floor",
+           "stage_breakdown", "stage_figure", "run_to_run", "provenance"]
 
 TIMINGS = {"ms": "eager", "graph_ms": "graph"}
 
@@ -63,6 +63,14 @@ def _ratio(bench: pd.DataFrame, a: str, b: str, timing: str) -> pd.Series:
     return (t[a] / t[b]).dropna() if a in t and b in t else pd.Series(dtype=float)
 
 
+def _to_fastest(bench: pd.DataFrame, backend: str, timing: str) -> pd.Series:
+    """`backend`'s time over the fastest other backend's, per shape, against the backends timed in the same device
+    run as `backend` (empty when it was not timed)."""
+    same_run = bench[bench.date.isin(bench[bench.backend == backend].date)] if "date" in bench else bench
+    t = speed_table(same_run, timing)
+    return (t[backend] / t.drop(columns=backend).min(axis=1)).dropna() if backend in t else pd.Series(dtype=float)
+
+
 def targets(bench: pd.DataFrame, small_tokens: int = 4096) -> pd.DataFrame:
     """Issue 6's targets, one row per (target, shape, timing): the measured ratio, the goal, and whether it is met.
 
@@ -84,11 +92,8 @@ def targets(bench: pd.DataFrame, small_tokens: int = 4096) -> pd.DataFrame:
     add("fast / fla", _ratio(bench, "fast", "fla", "graph_ms"), "graph_ms", 1.0, True)
     small = bench[bench.tokens <= small_tokens]
     add("fla / fast", _ratio(small, "fla", "fast", "ms"), "ms", 1.2, False)
-    same_run = bench[bench.date.isin(bench[bench.backend == "auto"].date)] if "date" in bench else bench
     for tm, goal in (("ms", 1.05), ("graph_ms", 1.10)):
-        t = speed_table(same_run, tm)  # auto against the backends timed in the same device run
-        if "auto" in t:
-            add("auto / fastest", (t["auto"] / t.drop(columns="auto").min(axis=1)).dropna(), tm, goal, True)
+        add("auto / fastest", _to_fastest(bench, "auto", tm), tm, goal, True)
     return pd.DataFrame(rows)
 
 
@@ -121,10 +126,9 @@ def misses_within_noise(bench: pd.DataFrame, backend: str = "auto", goal: float 
     measurement cannot tell from noise, said with its numbers."""
     if "ms_iqr" not in bench:
         raise _fail("misses_within_noise: the benchmark has no ms_iqr (eager samples' spread)", list(bench.columns))
-    t = speed_table(bench, "ms")
-    if backend not in t:
-        raise _fail(f"misses_within_noise: no {backend} rows", list(t.columns))
-    ratio = (t[backend] / t.drop(columns=backend).min(axis=1)).dropna()
+    ratio = _to_fastest(bench, backend, "ms")
+    if ratio.empty:
+        raise _fail(f"misses_within_noise: no {backend} rows", list(bench.backend.unique()))
     iqr = speed_table(bench, "ms_iqr")[backend]
     miss = ratio[ratio > goal]
     loud = miss[miss - 1 > iqr[miss.index]]
