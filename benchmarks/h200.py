@@ -542,6 +542,14 @@ STUDIES = {
         "fast+fn": ("fast", dict(fuse_norm=True)),
         "fast+nq": ("fast", dict(norm_q_in_output=True)),
     },
+    # the state walk and the output in one launch, outputs spinning on per-chunk flags (seventh session): the walk
+    # signalling each chunk after a barrier (first start: 1.2-1.6x fast's time, the barrier stops the loop's
+    # pipelining), by every thread's own release, or lagged by one chunk; the lagged walk also at BV 64
+    "overlap": {
+        "fast+ov": ("fast", dict(overlap=True)),
+        "fast+ov+threads": ("fast", dict(overlap=True, signal="threads")),
+        "fast+ov+bv64": ("fast", dict(overlap=True, BV=64)),
+    },
 }
 
 
