@@ -519,7 +519,8 @@ def stages(env: dict, out_dir: str) -> pd.DataFrame:
 #: Candidate changes to "fast" (fourth session), by study: name -> (base backend, options on top of it). Each
 #: study is timed against "fast" and FLA in rounds (`--variants STUDY`; variants_STUDY.csv). The studies "pdl_nq"
 #: (programmatic dependent launch) and "early_v" (v loaded before the prologue's solve; state kernel BV 16) ran
-#: with options since removed as slower; their code is commit 6f46325 (benchmarks/NOTES.md item 12).
+#: with options since removed as slower; their code is commit 6f46325 (benchmarks/NOTES.md item 12). So did
+#: "overlap" (the state walk and the outputs in one launch; commit 5a7e3ed, NOTES item 16).
 STUDIES = {
     # int32 indices in the kernels (the default where no buffer needs int64) against int64 everywhere
     "index": {
@@ -542,13 +543,12 @@ STUDIES = {
         "fast+fn": ("fast", dict(fuse_norm=True)),
         "fast+nq": ("fast", dict(norm_q_in_output=True)),
     },
-    # the state walk and the output in one launch, outputs spinning on per-chunk flags (seventh session): the walk
-    # signalling each chunk after a barrier (first start: 1.2-1.6x fast's time, the barrier stops the loop's
-    # pipelining), by every thread's own release, or lagged by one chunk; the lagged walk also at BV 64
-    "overlap": {
-        "fast+ov": ("fast", dict(overlap=True)),
-        "fast+ov+threads": ("fast", dict(overlap=True, signal="threads")),
-        "fast+ov+bv64": ("fast", dict(overlap=True, BV=64)),
+    # the state kernel's software-pipelining depth (Triton's default is 3; the output kernel kept at 3), and the
+    # prologue at one warp (FLA's re-tuned kkt/solve kernel runs one; seventh session)
+    "depth": {
+        "fast+hs2": ("fast", dict(num_stages=2, out_stages=3)),
+        "fast+hs4": ("fast", dict(num_stages=4, out_stages=3)),
+        "fast+pw1": ("fast", dict(prologue_warps=1)),
     },
 }
 

@@ -80,8 +80,7 @@ def _triton(path: str, by_size: Callable[[int, int], dict[str, Any]] | None = No
     prologue's options too: `prologue_warps` (its num_warps) and `fuse_norm` (the q/k l2-norm inside the prologue
     instead of two launches of its own). The two-kernel path also takes `norm_q_in_output` (q's l2-norm inside the
     output kernel: one launch and one pass over q fewer) and `index64` (int64 indices in its kernels; default:
-    only where a buffer has 2^31 elements or more), `overlap` (the state walk and the output in one launch, the
-    outputs waiting on per-chunk flags) and `signal` (how the walk raises them; two_kernel.SIGNALS). `by_size(programs, sms)` gives defaults that depend on
+    only where a buffer has 2^31 elements or more). `by_size(programs, sms)` gives defaults that depend on
     the call: programs = chunks x value heads (the prologue's grid), sms = the device's multiprocessors. Options
     passed to the call override both."""
 
@@ -97,7 +96,7 @@ def _triton(path: str, by_size: Callable[[int, int], dict[str, Any]] | None = No
         opts = {**defaults, **sized, **options}
         allowed = {"BV", "poison", "num_warps", "num_stages", "prologue_warps", "prologue_solve", "fuse_norm"} | (
             {"downcast", "intra_vnew"} if path == "fused" else {"out_BV", "out_warps", "out_stages",
-                                                                 "norm_q_in_output", "index64", "overlap", "signal"})
+                                                                 "norm_q_in_output", "index64"})
         unknown = set(opts) - allowed
         if unknown:
             raise TypeError(f"options: {path} backend does not take {sorted(unknown)}; it takes {sorted(allowed)}")
@@ -108,9 +107,6 @@ def _triton(path: str, by_size: Callable[[int, int], dict[str, Any]] | None = No
             raise ValueError(f"prologue_solve: must be one of {', '.join(SOLVES)}, got {opts['prologue_solve']!r}")
         if opts.get("out_BV") not in (None, 8, 16, 32, 64, 128):
             raise ValueError(f"out_BV: must be one of 8, 16, 32, 64, 128, got {opts['out_BV']!r}")
-        from gdnlab.kernels.two_kernel import SIGNALS
-        if opts.get("signal", "lagged") not in SIGNALS:
-            raise ValueError(f"signal: must be one of {', '.join(SIGNALS)}, got {opts['signal']!r}")
         poison = bool(opts.pop("poison", False))
         tokens = p.B * p.T
 

@@ -154,8 +154,6 @@ def test_unknown_option_and_bad_bv_are_refused():
         gdnlab.chunk_gated_delta_rule(**kw, backend="two_kernel", downcast=False)
     with pytest.raises(ValueError, match="BV"):
         gdnlab.chunk_gated_delta_rule(**kw, backend="fused_fixed", BV=12)
-    with pytest.raises(ValueError, match="signal"):
-        gdnlab.chunk_gated_delta_rule(**kw, backend="two_kernel", overlap=True, signal="loud")
     with pytest.raises(ValueError, match="backend"):
         gdnlab.chunk_gated_delta_rule(**kw, backend="nope")
 
@@ -170,17 +168,3 @@ def test_int64_indices_only_where_a_buffer_needs_them():
     o, h = gdnlab.chunk_gated_delta_rule(**kw, backend="two_kernel")
     o64, h64 = gdnlab.chunk_gated_delta_rule(**kw, backend="two_kernel", index64=True, poison=True)
     assert torch.equal(o, o64) and torch.equal(h, h64)
-
-
-@pytest.mark.parametrize("signal", ["barrier", "threads", "lagged"])
-def test_overlapped_launch_is_bit_equal_to_two_launches(signal):
-    """The state walk and the outputs in one launch (outputs waiting on per-chunk flags) compute the same numbers
-    as the two launches; on the interpreter programs run one after another, so a wrong flag count would hang."""
-    from gdnlab.kernels.two_kernel import SIGNALS
-    assert signal in SIGNALS
-    kw = make_inputs(seqlens=(30, 1, 97, 64), pad=5, H=1, HV=2, K=64, V=32, seed=21, decay=0.1).kwargs()
-    o, h = gdnlab.chunk_gated_delta_rule(**kw, backend="two_kernel", BV=16, out_BV=32)
-    o2, h2 = gdnlab.chunk_gated_delta_rule(**kw, backend="two_kernel", BV=16, out_BV=32, overlap=True,
-                                           signal=signal, poison=True)
-    assert torch.isfinite(o2).all() and torch.isfinite(h2).all()
-    assert torch.equal(o, o2) and torch.equal(h, h2)

@@ -12,29 +12,13 @@ from gdnlab.kernels.tiles import (absorb_all, as_index, gated_delta, chunk_outpu
                                   l2_norm_of_rows, load_rows, load_state, store_rows, store_state, w_times_h)
 
 
-#: How the overlapped walk tells an output program that a chunk's h and V_new are stored: "barrier" (all threads
-#: meet, then one adds 1 with release semantics), "threads" (every thread adds 1 with release semantics) or
-#: "lagged" (as "threads", but for the previous chunk, at the top of the next iteration, when its stores are old).
-SIGNALS = {"barrier": 1, "threads": 2, "lagged": 3}
-
-
 @triton.jit
-def _release(flag, THREADS: tl.constexpr):
-    """Every thread adds one to `flag` with release semantics (one element per thread), so that each thread's own
-    earlier stores are visible to whoever acquires the flag at its full count, without a barrier (a barrier in the
-    chunk loop stops Triton from pipelining its loads)."""
-    one = tl.full([THREADS], 1, tl.int32)
-    tl.atomic_add(flag + tl.zeros([THREADS], tl.int32), one, sem="release", scope="gpu")
-
-
-@triton.jit
-def _walk(i_v, i_nh, k_ptr, u_ptr, w_ptr, gcum_ptr, h_ptr, vnew_ptr, h0_ptr, ht_ptr, cu_ptr, choff_ptr, sync_ptr,
-          H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
-          HAS_H0: tl.constexpr, STORE_HT: tl.constexpr, STATE_V_FIRST: tl.constexpr, BT: tl.constexpr,
-          I64: tl.constexpr, SIGNAL: tl.constexpr, THREADS: tl.constexpr):
-    """The state walk of V tile i_v of (sequence, value head) i_nh: carry the fp32 state, store bf16 h and V_new
-    per chunk. With SIGNAL, count each finished chunk in its flag (sync_ptr[1 + chunk * HV + head]) once both
-    are stored, with release semantics, so that an output program may read them."""
+def fwd_h_kernel(k_ptr, u_ptr, w_ptr, gcum_ptr, h_ptr, vnew_ptr, h0_ptr, ht_ptr, cu_ptr, choff_ptr,
+                 H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
+                 HAS_H0: tl.constexpr, STORE_HT: tl.constexpr, STATE_V_FIRST: tl.constexpr, BT: tl.constexpr,
+                 I64: tl.constexpr = True):
+    """One program per (V tile, sequence, value head): carry the fp32 state, store bf16 h and V_new per chunk."""
+    i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_hv = i_nh // HV, i_nh % HV
     i_h = i_hv // (HV // H)
     bos = as_index(tl.load(cu_ptr + i_n), I64)
@@ -61,9 +45,6 @@ def _walk(i_v, i_nh, k_ptr, u_ptr, w_ptr, gcum_ptr, h_ptr, vnew_ptr, h0_ptr, ht_
         mrow = rows < eos
         g_cum = tl.load(gcum_ptr + rows * HV + i_hv, mask=mrow, other=0.0)
         g_last = tl.load(gcum_ptr + (tl.minimum(bos + c * BT + BT, eos) - 1) * HV + i_hv)
-        if SIGNAL == 3:
-            if c > 0:
-                _release(sync_ptr + 1 + (c0 + c - 1) * HV + i_hv, THREADS)
         hb = h_ptr + ((c0 + c) * HV + i_hv) * K * V
         store_state(hb, 0, v0, s0, K, V, BV, False)
         vw = w_times_h(wh, rows, mrow, HV * K, 0, s0.to(tl.bfloat16), K)
@@ -78,16 +59,8 @@ def _walk(i_v, i_nh, k_ptr, u_ptr, w_ptr, gcum_ptr, h_ptr, vnew_ptr, h0_ptr, ht_
             vw = vw + w_times_h(wh, rows, mrow, HV * K, 192, s3.to(tl.bfloat16), K)
         v_new = load_rows(uh, rows, mrow, HV * V, v0, BV, V).to(tl.float32) - vw
         store_rows(vh, rows, mrow, HV * V, v0, v_new, BV, V)
-        if SIGNAL == 1:
-            tl.debug_barrier()  # every thread's h and V_new stores before the flag
-            tl.atomic_add(sync_ptr + 1 + (c0 + c) * HV + i_hv, 1, sem="release", scope="gpu")
-        if SIGNAL == 2:
-            _release(sync_ptr + 1 + (c0 + c) * HV + i_hv, THREADS)
         vg = gated_delta(v_new, g_cum, g_last, mrow)
         s0, s1, s2, s3 = absorb_all(s0, s1, s2, s3, kh, rows, mrow, H * K, vg, tl.exp(g_last), K, False)
-    if SIGNAL == 3:
-        if eos > bos:
-            _release(sync_ptr + 1 + (c0 + tl.cdiv(eos - bos, BT) - 1) * HV + i_hv, THREADS)
     if STORE_HT:
         sb = ht_ptr + (as_index(i_n, I64) * HV + i_hv) * K * V
         store_state(sb, 0, v0, s0, K, V, BV, STATE_V_FIRST)
@@ -100,12 +73,12 @@ def _walk(i_v, i_nh, k_ptr, u_ptr, w_ptr, gcum_ptr, h_ptr, vnew_ptr, h0_ptr, ht_
 
 
 @triton.jit
-def _output(i_v, i_c, i_hv, q_ptr, k_ptr, vnew_ptr, gcum_ptr, h_ptr, o_ptr, cu_ptr, chunks_ptr, sync_ptr, scale,
-            H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
-            BT: tl.constexpr, NORM_Q: tl.constexpr, KP: tl.constexpr, I64: tl.constexpr, WAIT: tl.constexpr):
-    """V tile i_v of chunk i_c's output for value head i_hv, from the chunk's bf16 h and bf16 V_new. With NORM_Q
-    it l2-normalises its q rows itself (KP: K padded to a power of two). With WAIT > 0 it first spins until the
-    chunk's flag counts WAIT finished state tiles (acquire), then reads them."""
+def fwd_o_kernel(q_ptr, k_ptr, vnew_ptr, gcum_ptr, h_ptr, o_ptr, cu_ptr, chunks_ptr, scale,
+                 H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
+                 BT: tl.constexpr, NORM_Q: tl.constexpr = False, KP: tl.constexpr = 64, I64: tl.constexpr = True):
+    """One program per (V tile, chunk, value head): the chunk's output from its bf16 h and bf16 V_new. With NORM_Q
+    it l2-normalises its q rows itself (KP: K padded to a power of two)."""
+    i_v, i_c, i_hv = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_n = tl.load(chunks_ptr + 2 * i_c)
     i_t = tl.load(chunks_ptr + 2 * i_c + 1)
     bos = as_index(tl.load(cu_ptr + i_n), I64)
@@ -120,12 +93,6 @@ def _output(i_v, i_c, i_hv, q_ptr, k_ptr, vnew_ptr, gcum_ptr, h_ptr, o_ptr, cu_p
     qn = tl.full([BT], 1.0, tl.float32)
     if NORM_Q:
         qn = l2_norm_of_rows(load_rows(qh, rows, mrow, H * K, 0, KP, K).to(tl.float32))
-    if WAIT > 0:
-        flag = sync_ptr + 1 + i_c * HV + i_hv
-        done = tl.atomic_add(flag, 0, sem="acquire", scope="gpu")
-        while done < WAIT:
-            done = tl.atomic_add(flag, 0, sem="acquire", scope="gpu")
-        tl.debug_barrier()  # no thread reads h or V_new before the flag says they are there
     o_acc, sc = inter_and_scores(qh, kh, rows, mrow, H * K, 0, load_state(hb, 0, v0, K, V, BV, False).to(
         tl.bfloat16), K, qn, NORM_Q)
     if K > 64:
@@ -145,61 +112,14 @@ def _output(i_v, i_c, i_hv, q_ptr, k_ptr, vnew_ptr, gcum_ptr, h_ptr, o_ptr, cu_p
     store_rows(o_ptr + i_hv * V, rows, mrow, HV * V, v0, out, BV, V)
 
 
-@triton.jit
-def fwd_h_kernel(k_ptr, u_ptr, w_ptr, gcum_ptr, h_ptr, vnew_ptr, h0_ptr, ht_ptr, cu_ptr, choff_ptr,
-                 H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
-                 HAS_H0: tl.constexpr, STORE_HT: tl.constexpr, STATE_V_FIRST: tl.constexpr, BT: tl.constexpr,
-                 I64: tl.constexpr = True):
-    """One program per (V tile, sequence, value head): the state walk (_walk)."""
-    _walk(tl.program_id(0), tl.program_id(1), k_ptr, u_ptr, w_ptr, gcum_ptr, h_ptr, vnew_ptr, h0_ptr, ht_ptr,
-          cu_ptr, choff_ptr, cu_ptr, H, HV, K, V, BV, HAS_H0, STORE_HT, STATE_V_FIRST, BT, I64, 0, 32)
-
-
-@triton.jit
-def fwd_o_kernel(q_ptr, k_ptr, vnew_ptr, gcum_ptr, h_ptr, o_ptr, cu_ptr, chunks_ptr, scale,
-                 H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
-                 BT: tl.constexpr, NORM_Q: tl.constexpr = False, KP: tl.constexpr = 64, I64: tl.constexpr = True):
-    """One program per (V tile, chunk, value head): the chunk's output (_output)."""
-    _output(tl.program_id(0), tl.program_id(1), tl.program_id(2), q_ptr, k_ptr, vnew_ptr, gcum_ptr, h_ptr, o_ptr,
-            cu_ptr, chunks_ptr, cu_ptr, scale, H, HV, K, V, BV, BT, NORM_Q, KP, I64, 0)
-
-
-@triton.jit
-def overlapped_kernel(q_ptr, k_ptr, u_ptr, w_ptr, gcum_ptr, h_ptr, vnew_ptr, o_ptr, h0_ptr, ht_ptr, cu_ptr,
-                      choff_ptr, chunks_ptr, sync_ptr, n_walkers, scale,
-                      H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
-                      OUT_BV: tl.constexpr, HAS_H0: tl.constexpr, STORE_HT: tl.constexpr,
-                      STATE_V_FIRST: tl.constexpr, BT: tl.constexpr, NORM_Q: tl.constexpr, KP: tl.constexpr,
-                      I64: tl.constexpr, SIGNAL: tl.constexpr = 1, THREADS: tl.constexpr = 128):
-    """The state walk and the output in one launch, so that chunk outputs run while the walk goes on. Each program
-    draws a ticket (sync_ptr[0]) in the order programs start: the first n_walkers tickets walk (one per V tile,
-    sequence and value head, signalling each chunk), the rest compute one chunk's output tile each, chunk by
-    chunk, after waiting for that chunk's flag. An output program only ever waits for walkers that drew earlier
-    tickets, so they are running: the wait cannot deadlock however many programs fit on the device."""
-    t = tl.atomic_add(sync_ptr, 1)
-    NVH: tl.constexpr = (V + BV - 1) // BV
-    NVO: tl.constexpr = (V + OUT_BV - 1) // OUT_BV
-    if t < n_walkers:
-        _walk(t % NVH, t // NVH, k_ptr, u_ptr, w_ptr, gcum_ptr, h_ptr, vnew_ptr, h0_ptr, ht_ptr, cu_ptr, choff_ptr,
-              sync_ptr, H, HV, K, V, BV, HAS_H0, STORE_HT, STATE_V_FIRST, BT, I64, SIGNAL, THREADS)
-    else:
-        j = t - n_walkers
-        _output(j % NVO, j // (NVO * HV), (j // NVO) % HV, q_ptr, k_ptr, vnew_ptr, gcum_ptr, h_ptr, o_ptr, cu_ptr,
-                chunks_ptr, sync_ptr, scale, H, HV, K, V, OUT_BV, BT, NORM_Q, KP, I64,
-                NVH * (THREADS if SIGNAL >= 2 else 1))
-
-
 def two_kernel(pro: Prologue, v: torch.Tensor, o: torch.Tensor, plan: ChunkPlan, initial_state, ht, scale: float,
                state_v_first: bool, BV: int = 64, poison: bool = False, num_warps: int = 4,
                num_stages: int | None = None, out_BV: int | None = None, out_warps: int | None = None,
-               out_stages: int | None = None, index64: bool | None = None, overlap: bool = False,
-               signal: str = "lagged") -> None:
+               out_stages: int | None = None, index64: bool | None = None) -> None:
     """State kernel then output kernel on flattened tensors; writes o and (if given) ht. `BV`, `num_warps` and
     `num_stages` configure the state kernel, and the output kernel too unless its `out_*` options are given
     (None: Triton's default stages). The output kernel l2-normalises q when the prologue left that to it
-    (pro.norm_q). `index64`: int64 indices (None: where a buffer needs them). `overlap`: both in one launch
-    (overlapped_kernel; the output kernel then runs with the state kernel's warps and stages), the walk
-    signalling each chunk as `signal` says (SIGNALS)."""
+    (pro.norm_q). `index64`: int64 indices (None: where a buffer needs them)."""
     tokens, H, K = pro.k.shape
     HV, V = v.shape[1], v.shape[2]
     N = plan.cu_seqlens.numel() - 1
@@ -211,17 +131,6 @@ def two_kernel(pro: Prologue, v: torch.Tensor, o: torch.Tensor, plan: ChunkPlan,
     states = [x for x in (initial_state, ht) if x is not None]
     i64 = wide_index(h, v_new, pro.w, pro.q, *states) if index64 is None else index64
     dummy = pro.g_cum
-    if overlap and plan.n_chunks:
-        sync = torch.zeros(1 + plan.n_chunks * HV, dtype=torch.int32, device=dev)
-        n_walkers = triton.cdiv(V, BV) * N * HV
-        launch(overlapped_kernel, (n_walkers + triton.cdiv(V, out_BV) * plan.n_chunks * HV,), pro.q, pro.k, pro.u,
-               pro.w, pro.g_cum, h, v_new, o, initial_state if initial_state is not None else dummy,
-               ht if ht is not None else dummy, plan.cu_seqlens, plan.chunk_offsets, plan.chunks, sync, n_walkers,
-               scale, H=H, HV=HV, K=K, V=V, BV=BV, OUT_BV=out_BV, HAS_H0=initial_state is not None,
-               STORE_HT=ht is not None, STATE_V_FIRST=state_v_first, BT=BT, NORM_Q=pro.norm_q,
-               KP=triton.next_power_of_2(K), I64=i64, SIGNAL=SIGNALS[signal], THREADS=32 * num_warps,
-               num_warps=num_warps, device=dev, **({} if num_stages is None else dict(num_stages=num_stages)))
-        return
     launch(fwd_h_kernel, (triton.cdiv(V, BV), N * HV), pro.k, pro.u, pro.w, pro.g_cum, h, v_new,
            initial_state if initial_state is not None else dummy, ht if ht is not None else dummy,
            plan.cu_seqlens, plan.chunk_offsets, H=H, HV=HV, K=K, V=V, BV=BV, HAS_H0=initial_state is not None,
