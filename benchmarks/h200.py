@@ -543,12 +543,13 @@ STUDIES = {
         "fast+fn": ("fast", dict(fuse_norm=True)),
         "fast+nq": ("fast", dict(norm_q_in_output=True)),
     },
-    # the state kernel's software-pipelining depth (Triton's default is 3; the output kernel kept at 3), and the
-    # prologue at one warp (FLA's re-tuned kkt/solve kernel runs one; seventh session)
+    # the state kernel's software-pipelining depth (Triton's default is 3; the output kernel kept at 3), its tiles
+    # loaded a chunk ahead by hand, and the prologue at one warp (FLA's re-tuned kkt/solve runs one; seventh session)
     "depth": {
         "fast+hs2": ("fast", dict(num_stages=2, out_stages=3)),
         "fast+hs4": ("fast", dict(num_stages=4, out_stages=3)),
         "fast+pw1": ("fast", dict(prologue_warps=1)),
+        "fast+pf": ("fast", dict(prefetch=True)),
     },
 }
 

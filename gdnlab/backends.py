@@ -80,7 +80,8 @@ def _triton(path: str, by_size: Callable[[int, int], dict[str, Any]] | None = No
     prologue's options too: `prologue_warps` (its num_warps) and `fuse_norm` (the q/k l2-norm inside the prologue
     instead of two launches of its own). The two-kernel path also takes `norm_q_in_output` (q's l2-norm inside the
     output kernel: one launch and one pass over q fewer) and `index64` (int64 indices in its kernels; default:
-    only where a buffer has 2^31 elements or more). `by_size(programs, sms)` gives defaults that depend on
+    only where a buffer has 2^31 elements or more) and `prefetch` (the state kernel loads each chunk's tiles a step
+    ahead). `by_size(programs, sms)` gives defaults that depend on
     the call: programs = chunks x value heads (the prologue's grid), sms = the device's multiprocessors. Options
     passed to the call override both."""
 
@@ -96,7 +97,7 @@ def _triton(path: str, by_size: Callable[[int, int], dict[str, Any]] | None = No
         opts = {**defaults, **sized, **options}
         allowed = {"BV", "poison", "num_warps", "num_stages", "prologue_warps", "prologue_solve", "fuse_norm"} | (
             {"downcast", "intra_vnew"} if path == "fused" else {"out_BV", "out_warps", "out_stages",
-                                                                 "norm_q_in_output", "index64"})
+                                                                 "norm_q_in_output", "index64", "prefetch"})
         unknown = set(opts) - allowed
         if unknown:
             raise TypeError(f"options: {path} backend does not take {sorted(unknown)}; it takes {sorted(allowed)}")

@@ -12,7 +12,7 @@ from gdnlab.findings import Finding, _fail
 
 __all__ = ["default_bench", "load_bench", "load_bench_frame", "speed_table", "targets", "fix_is_free",
            "faster_eager", "misses_within_noise", "versus", "time_vs_tokens", "floor_fraction", "far_from_floor",
-           "stage_breakdown", "stage_figure", "run_to_run", "provenance"]
+           "stage_breakdown", "stage_figure", "run_to_run", "ratio_by_run", "held_in_runs", "provenance"]
 
 TIMINGS = {"ms": "eager", "graph_ms": "graph"}
 
@@ -53,8 +53,9 @@ def _order(df: pd.DataFrame) -> list[str]:
 
 
 def speed_table(bench: pd.DataFrame, timing: str = "graph_ms") -> pd.DataFrame:
-    """Milliseconds per shape (rows, in benchmark order) and backend (columns)."""
-    t = bench.pivot_table(index="shape", columns="backend", values=timing)
+    """Milliseconds per shape (rows, in benchmark order) and backend (columns); the median where a file has
+    several rounds."""
+    t = bench.pivot_table(index="shape", columns="backend", values=timing, aggfunc="median")
     return t.loc[[s for s in _order(bench) if s in t.index]]
 
 
@@ -264,6 +265,33 @@ def run_to_run(runs: dict[str, str | Path], backends: tuple[str, ...] = ("fla", 
     t = pd.DataFrame(rows).pivot_table(index=["backend", "shape"], columns="run", values="graph_ms")
     t["spread"] = t.max(axis=1) / t.min(axis=1)
     return t
+
+
+def ratio_by_run(runs: dict[str, str | Path], a: str, b: str, timing: str = "ms",
+                 max_tokens: int | None = None) -> pd.DataFrame:
+    """b's time over a's (how many times faster a is) per shape (rows) in every given run (columns; name -> bench
+    or variants CSV, medians over a file's rounds), for shapes of at most `max_tokens` tokens."""
+    cols = {}
+    for name, path in runs.items():
+        d = load_bench(path)
+        if max_tokens is not None:
+            d = d[d.tokens <= max_tokens]
+        cols[name] = _ratio(d, b, a, timing)
+    t = pd.DataFrame(cols)
+    return t.loc[[s for s in _order(load_bench(next(iter(runs.values())))) if s in t.index]]
+
+
+def held_in_runs(ratios: pd.DataFrame, factor: float, what: str) -> Finding:
+    """In how many runs (columns of ratio_by_run) the ratio reached `factor` at every shape, and per shape: said
+    with its numbers, nothing asserted beyond that every cell was measured."""
+    if ratios.empty or ratios.isna().any().any():
+        raise _fail("held_in_runs: a run lacks a shape", ratios.round(3).to_dict())
+    every = int((ratios >= factor).all().sum())
+    per = {s: int((r >= factor).sum()) for s, r in ratios.iterrows()}
+    weakest = ratios.min(axis=1)
+    txt = (f"{what} held at every size in {every} of {ratios.shape[1]} machine starts; by size: "
+           + ", ".join(f"{s} {n}/{ratios.shape[1]} (lowest {weakest[s]:.2f})" for s, n in per.items()) + ".")
+    return Finding(txt, dict(every=every, runs=ratios.shape[1], per_shape=per))
 
 
 def provenance(table: str | Path | pd.DataFrame) -> dict[str, str]:

@@ -95,3 +95,24 @@ def test_run_to_run_spread(tmp_path):
     assert math.isclose(t.loc[("fla", "1x4096"), "spread"], 1.08)
     assert math.isclose(t.loc[("fast", "1x4096"), "spread"], 0.312 / 0.31)
     assert ("fla", "1x512") not in t.index
+
+
+def test_ratio_by_run_and_held_in_runs(tmp_path):
+    paths = {}
+    for i, fla_ms in enumerate((0.7, 0.33, 0.9)):
+        p = tmp_path / f"run{i}.csv"
+        rows = [("fla", 4096, fla_ms, 0.33), ("fast", 4096, 0.3, 0.3), ("fla", 512, 0.8, 0.06),
+                ("fast", 512, 0.2, 0.05), ("fla", 8192, 0.66, 0.6), ("fast", 8192, 0.6, 0.55)]
+        df = _bench(rows)
+        if i == 2:  # a second round: medians over rounds
+            df = pd.concat([df, _bench([("fast", 4096, 0.5, 0.3), ("fast", 4096, 0.4, 0.3)])])
+        df.to_csv(p, index=False)
+        paths[f"run{i}"] = p
+    t = speed.ratio_by_run(paths, "fast", "fla", "ms", max_tokens=4096)
+    assert list(t.index) == ["1x512", "1x4096"] and list(t.columns) == ["run0", "run1", "run2"]
+    assert math.isclose(t.loc["1x4096", "run1"], 0.33 / 0.3) and math.isclose(t.loc["1x4096", "run2"], 0.9 / 0.4)
+    f = speed.held_in_runs(t, 1.2, "fast 1.2x FLA")
+    assert f.numbers["every"] == 2 and f.numbers["per_shape"] == {"1x512": 3, "1x4096": 2}
+    assert "2 of 3" in f.claim
+    with pytest.raises(AssertionError, match="lacks"):
+        speed.held_in_runs(t.assign(run3=[4.0, float("nan")]), 1.2, "x")
