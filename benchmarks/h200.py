@@ -543,13 +543,20 @@ STUDIES = {
         "fast+fn": ("fast", dict(fuse_norm=True)),
         "fast+nq": ("fast", dict(norm_q_in_output=True)),
     },
-    # the state kernel's software-pipelining depth (Triton's default is 3; the output kernel kept at 3), its tiles
-    # loaded a chunk ahead by hand, and the prologue at one warp (FLA's re-tuned kkt/solve runs one; seventh session)
+    # the state kernel's software-pipelining depth (Triton's default is 3; the output kernel kept at 3), and the
+    # prologue at one warp (FLA's re-tuned kkt/solve runs one; seventh session)
     "depth": {
         "fast+hs2": ("fast", dict(num_stages=2, out_stages=3)),
         "fast+hs4": ("fast", dict(num_stages=4, out_stages=3)),
         "fast+pw1": ("fast", dict(prologue_warps=1)),
-        "fast+pf": ("fast", dict(prefetch=True)),
+    },
+    # with the walk's tiles loaded a chunk ahead by hand, Triton's pipeliner off in that loop (with it on, the
+    # prefetching walk hit an illegal memory access on the H200 with Triton 3.6; NOTES item 17)
+    "depth_pf": {
+        "fast+hs2": ("fast", dict(num_stages=2, out_stages=3)),
+        "fast+hs4": ("fast", dict(num_stages=4, out_stages=3)),
+        "fast+pw1": ("fast", dict(prologue_warps=1)),
+        "fast+pf+hs1": ("fast", dict(prefetch=True, num_stages=1, out_stages=3)),
     },
 }
 
