@@ -520,7 +520,8 @@ def stages(env: dict, out_dir: str) -> pd.DataFrame:
 #: study is timed against "fast" and FLA in rounds (`--variants STUDY`; variants_STUDY.csv). The studies "pdl_nq"
 #: (programmatic dependent launch) and "early_v" (v loaded before the prologue's solve; state kernel BV 16) ran
 #: with options since removed as slower; their code is commit 6f46325 (benchmarks/NOTES.md item 12). So did
-#: "overlap" (the state walk and the outputs in one launch; commit 5a7e3ed, NOTES item 16).
+#: "overlap" (the state walk and the outputs in one launch; commit 5a7e3ed, NOTES item 16), and "depth_pf" (the
+#: walk's tiles loaded a chunk ahead by hand; commit 2f9beb8, NOTES item 17).
 STUDIES = {
     # int32 indices in the kernels (the default where no buffer needs int64) against int64 everywhere
     "index": {
@@ -550,13 +551,11 @@ STUDIES = {
         "fast+hs4": ("fast", dict(num_stages=4, out_stages=3)),
         "fast+pw1": ("fast", dict(prologue_warps=1)),
     },
-    # with the walk's tiles loaded a chunk ahead by hand, Triton's pipeliner off in that loop (with it on, the
-    # prefetching walk hit an illegal memory access on the H200 with Triton 3.6; NOTES item 17)
-    "depth_pf": {
-        "fast+hs2": ("fast", dict(num_stages=2, out_stages=3)),
-        "fast+hs4": ("fast", dict(num_stages=4, out_stages=3)),
-        "fast+pw1": ("fast", dict(prologue_warps=1)),
-        "fast+pf+hs1": ("fast", dict(prefetch=True, num_stages=1, out_stages=3)),
+    # the latest bench: auto's eager pick below 4096 tokens, and fast as it was before the depth rule (the walk at
+    # Triton's 3 stages at every size)
+    "final": {
+        "fast+fn": ("fast", dict(fuse_norm=True)),
+        "fast+hs3": ("fast", dict(num_stages=3)),
     },
 }
 
@@ -732,6 +731,7 @@ def main() -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--parts", default="env,prologue,conformance,mma,bench,breakdown")
     ap.add_argument("--backends", default="", help="comma list for conformance and bench (default: all but reference)")
+    ap.add_argument("--conformance-backends", default="", help="comma list for conformance (default: --backends)")
     ap.add_argument("--variants", default="small", choices=sorted(STUDIES), help="study of the variants part")
     ap.add_argument("--register", default="", choices=["", *sorted(STUDIES)],
                     help="register this study's candidates first, so that conformance and bench include them")
@@ -759,7 +759,8 @@ def main() -> int:
     def timed() -> list:
         """The backends registered when the part runs (a variants part before it adds its candidates)."""
         return chosen or [b for b in gdnlab.BACKENDS if b != "reference"]
-    jobs = dict(conformance=lambda: conformance(env, chosen), mma=lambda: mma_hardware(env),
+    conf = args.conformance_backends.split(",") if args.conformance_backends else chosen
+    jobs = dict(conformance=lambda: conformance(env, conf), mma=lambda: mma_hardware(env),
                 prologue=lambda: prologue_variants(env),
                 breakdown=lambda: breakdown(env, ok), stages=lambda: stages(env, args.out),
                 fla_tuning=lambda: fla_tuning(env, tuple(int(t) for t in args.fla_tokens.split(","))),

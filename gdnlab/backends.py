@@ -75,14 +75,15 @@ def _reference(q, k, v, g, beta, **kw: Any):
     return reference.recurrent_gated_delta_rule_ref(q, k, v, g, beta, **kw)
 
 
-def _triton(path: str, by_size: Callable[[int, int], dict[str, Any]] | None = None, **defaults: Any) -> Backend:
+def _triton(path: str, by_size: Callable[[int, int, int], dict[str, Any]] | None = None,
+            **defaults: Any) -> Backend:
     """A backend that runs the lab's Triton kernels: `path` is "two_kernel" or "fused". Every path takes the
     prologue's options too: `prologue_warps` (its num_warps) and `fuse_norm` (the q/k l2-norm inside the prologue
     instead of two launches of its own). The two-kernel path also takes `norm_q_in_output` (q's l2-norm inside the
     output kernel: one launch and one pass over q fewer) and `index64` (int64 indices in its kernels; default:
-    only where a buffer has 2^31 elements or more) and `prefetch` (the state kernel loads each chunk's tiles a step
-    ahead). `by_size(programs, sms)` gives defaults that depend on
-    the call: programs = chunks x value heads (the prologue's grid), sms = the device's multiprocessors. Options
+    only where a buffer has 2^31 elements or more). `by_size(programs, walkers, sms)` gives defaults that depend
+    on the call: programs = chunks x value heads (the prologue's grid), walkers = the state kernel's programs
+    (sequences x value heads x V tiles), sms = the device's multiprocessors. Options
     passed to the call override both."""
 
     def run(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
@@ -93,11 +94,13 @@ def _triton(path: str, by_size: Callable[[int, int], dict[str, Any]] | None = No
                                   output_final_state=output_final_state,
                                   use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)
         plan = ChunkPlan.build(p.seq_bounds, q.device)
-        sized = by_size(plan.n_chunks * p.HV, multiprocessors(q.device)) if by_size else {}
+        walk_bv = {**defaults, **options}.get("BV", 64)
+        sized = by_size(plan.n_chunks * p.HV, p.N * p.HV * -(-p.V // walk_bv), multiprocessors(q.device)) \
+            if by_size else {}
         opts = {**defaults, **sized, **options}
         allowed = {"BV", "poison", "num_warps", "num_stages", "prologue_warps", "prologue_solve", "fuse_norm"} | (
             {"downcast", "intra_vnew"} if path == "fused" else {"out_BV", "out_warps", "out_stages",
-                                                                 "norm_q_in_output", "index64", "prefetch"})
+                                                                 "norm_q_in_output", "index64"})
         unknown = set(opts) - allowed
         if unknown:
             raise TypeError(f"options: {path} backend does not take {sorted(unknown)}; it takes {sorted(allowed)}")
@@ -183,13 +186,20 @@ register_backend("fused_fixed", _triton("fused", **FIXED))
 FAST = dict(BV=32, num_warps=4, out_BV=128, out_warps=4)
 
 
-def fast_by_size(programs: int, sms: int) -> dict[str, Any]:
-    """fast's size-dependent options (benchmarks/NOTES.md item 12; reports/h200/variants_small.csv). With at most
-    two prologue programs per multiprocessor each program's latency is the time, and 4 warps hide more of it than
-    2 (512 tokens: 12% faster); above that 2 warps leave room for more resident programs (1024 tokens: 10% faster).
-    Up to four programs per multiprocessor, q's l2-norm inside the output kernel saves a launch (2% faster); above
-    that the heavier output kernel costs more than the pass over q it saves (1-2% slower)."""
-    return dict(prologue_warps=4 if programs <= 2 * sms else 2, norm_q_in_output=programs <= 4 * sms)
+def fast_by_size(programs: int, walkers: int, sms: int) -> dict[str, Any]:
+    """fast's size-dependent options (benchmarks/NOTES.md items 12 and 17; reports/h200/variants_small.csv and
+    variants_depth.csv). With at most two prologue programs per multiprocessor each program's latency is the time,
+    and 4 warps hide more of it than 2 (512 tokens: 12% faster); above that 2 warps leave room for more resident
+    programs (1024 tokens: 10% faster). Up to four programs per multiprocessor, q's l2-norm inside the output
+    kernel saves a launch (2% faster); above that the heavier output kernel costs more than the pass over q it
+    saves (1-2% slower). With at most one state-kernel program per multiprocessor the walk's loop is pipelined 4
+    stages deep instead of Triton's 3 (2-3% faster for one sequence of 1024-65536 tokens); with more, the deeper
+    pipeline's shared memory costs residency (8 x 2048: 7.5% slower, the ragged batch 6%)."""
+    opts: dict[str, Any] = dict(prologue_warps=4 if programs <= 2 * sms else 2,
+                                norm_q_in_output=programs <= 4 * sms)
+    if walkers <= sms:
+        opts.update(num_stages=4, out_stages=3)
+    return opts
 
 
 #: Multiprocessors assumed off CUDA (the H200 the rule was measured on); the numbers do not depend on it.

@@ -74,11 +74,13 @@ def test_q_norm_in_output_kernel_is_bit_equal_on_cpu():
 
 @pytest.mark.parametrize("programs,warps,nq", [(1, 4, True), (264, 4, True), (265, 2, True), (528, 2, True),
                                                (529, 2, False), (10 ** 5, 2, False)])
-def test_fast_size_rule(programs, warps, nq):
+@pytest.mark.parametrize("walkers,deep", [(1, True), (132, True), (133, False), (1280, False)])
+def test_fast_size_rule(programs, warps, nq, walkers, deep):
     """fast's options by size: 4 prologue warps up to two programs per multiprocessor, q normalised in the output
-    kernel up to four (132 multiprocessors here)."""
+    kernel up to four, the walk pipelined 4 deep up to one state-kernel program per multiprocessor (132 here)."""
     from gdnlab.backends import fast_by_size
-    assert fast_by_size(programs, 132) == dict(prologue_warps=warps, norm_q_in_output=nq)
+    want = dict(prologue_warps=warps, norm_q_in_output=nq, **(dict(num_stages=4, out_stages=3) if deep else {}))
+    assert fast_by_size(programs, walkers, 132) == want
 
 
 def test_fast_passes_its_size_rule_to_the_kernels(monkeypatch):
@@ -87,11 +89,15 @@ def test_fast_passes_its_size_rule_to_the_kernels(monkeypatch):
     seen = []
     real = kernels.run_prologue
     monkeypatch.setattr(kernels, "run_prologue", lambda *a, **kw: seen.append(kw) or real(*a, **kw))
+    walks = []
+    real_walk = kernels.two_kernel
+    monkeypatch.setattr(kernels, "two_kernel", lambda *a, **kw: walks.append(kw) or real_walk(*a, **kw))
     kw = make_inputs(B=1, T=70, H=1, HV=2, K=32, V=32, seed=7).kwargs()
     gdnlab.chunk_gated_delta_rule(**kw, backend="fast")
-    gdnlab.chunk_gated_delta_rule(**kw, backend="fast", prologue_warps=2, norm_q_in_output=False)
+    gdnlab.chunk_gated_delta_rule(**kw, backend="fast", prologue_warps=2, norm_q_in_output=False, num_stages=3)
     assert (seen[0]["num_warps"], seen[0]["norm_q_in_output"]) == (4, True)
     assert (seen[1]["num_warps"], seen[1]["norm_q_in_output"]) == (2, False)
+    assert (walks[0]["num_stages"], walks[0]["out_stages"], walks[1]["num_stages"]) == (4, 3, 3)
 
 
 def test_fused_path_does_not_take_the_two_kernel_options():

@@ -101,19 +101,13 @@ def gated_delta(v_new, g_cum, g_last, mrow):
 
 
 @triton.jit
-def absorb_tile(s, k, vg, eg, V_FIRST: tl.constexpr):
-    """Carry one K tile of the state across a chunk from the chunk's [BT, 64] K tile k: S = exp(G_last) S +
-    k^T vg ([BV, 64] when V_FIRST)."""
+def absorb(s, k_ptr, rows, mrow, sqk, k0, vg, eg, K: tl.constexpr, V_FIRST: tl.constexpr):
+    """Carry one K tile of the state across a chunk: S = exp(G_last) S + K_tile^T vg ([BV, 64] when V_FIRST)."""
+    k = load_rows(k_ptr, rows, mrow, sqk, k0, 64, K)
     if V_FIRST:
         return s * eg + tl.dot(tl.trans(vg), k)
     else:
         return s * eg + tl.dot(tl.trans(k), vg)
-
-
-@triton.jit
-def absorb(s, k_ptr, rows, mrow, sqk, k0, vg, eg, K: tl.constexpr, V_FIRST: tl.constexpr):
-    """absorb_tile() with the K tile at column k0 loaded here."""
-    return absorb_tile(s, load_rows(k_ptr, rows, mrow, sqk, k0, 64, K), vg, eg, V_FIRST)
 
 
 @triton.jit

@@ -8,39 +8,16 @@ import triton.language as tl
 
 from gdnlab.interp import launch
 from gdnlab.kernels.prologue import BT, ChunkPlan, Prologue, alloc, wide_index
-from gdnlab.kernels.tiles import (absorb_all, absorb_tile, as_index, gated_delta, chunk_output, inter_and_scores,
+from gdnlab.kernels.tiles import (absorb_all, as_index, gated_delta, chunk_output, inter_and_scores,
                                   l2_norm_of_rows, load_rows, load_state, store_rows, store_state, w_times_h)
-
-
-@triton.jit
-def _chunk_tiles(wh, kh, uh, rows, mrow, v0, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
-                 V: tl.constexpr, BV: tl.constexpr):
-    """What one step of the walk reads: the chunk's four 64-column tiles of W and of K (zero past K) and its U
-    tile."""
-    w0 = load_rows(wh, rows, mrow, HV * K, 0, 64, K)
-    k0 = load_rows(kh, rows, mrow, H * K, 0, 64, K)
-    w1, w2, w3 = tl.zeros_like(w0), tl.zeros_like(w0), tl.zeros_like(w0)
-    k1, k2, k3 = tl.zeros_like(k0), tl.zeros_like(k0), tl.zeros_like(k0)
-    if K > 64:
-        w1 = load_rows(wh, rows, mrow, HV * K, 64, 64, K)
-        k1 = load_rows(kh, rows, mrow, H * K, 64, 64, K)
-    if K > 128:
-        w2 = load_rows(wh, rows, mrow, HV * K, 128, 64, K)
-        k2 = load_rows(kh, rows, mrow, H * K, 128, 64, K)
-    if K > 192:
-        w3 = load_rows(wh, rows, mrow, HV * K, 192, 64, K)
-        k3 = load_rows(kh, rows, mrow, H * K, 192, 64, K)
-    return w0, w1, w2, w3, k0, k1, k2, k3, load_rows(uh, rows, mrow, HV * V, v0, BV, V)
 
 
 @triton.jit
 def fwd_h_kernel(k_ptr, u_ptr, w_ptr, gcum_ptr, h_ptr, vnew_ptr, h0_ptr, ht_ptr, cu_ptr, choff_ptr,
                  H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
                  HAS_H0: tl.constexpr, STORE_HT: tl.constexpr, STATE_V_FIRST: tl.constexpr, BT: tl.constexpr,
-                 I64: tl.constexpr = True, PREFETCH: tl.constexpr = False):
-    """One program per (V tile, sequence, value head): carry the fp32 state, store bf16 h and V_new per chunk.
-    With PREFETCH each step issues the loads of the next chunk's W, K and U tiles before its own dots, so that
-    their latency overlaps this chunk's work (Triton pipelines only the gate loads of this loop)."""
+                 I64: tl.constexpr = True):
+    """One program per (V tile, sequence, value head): carry the fp32 state, store bf16 h and V_new per chunk."""
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_hv = i_nh // HV, i_nh % HV
     i_h = i_hv // (HV // H)
@@ -63,57 +40,27 @@ def fwd_h_kernel(k_ptr, u_ptr, w_ptr, gcum_ptr, h_ptr, vnew_ptr, h0_ptr, ht_ptr,
         if K > 192:
             s3 = load_state(sb, 192, v0, K, V, BV, STATE_V_FIRST)
     r = tl.arange(0, BT)
-    if PREFETCH:
-        wn0, wn1, wn2, wn3, kn0, kn1, kn2, kn3, un = _chunk_tiles(wh, kh, uh, bos + r, bos + r < eos, v0, H, HV,
-                                                                  K, V, BV)
     for c in range(0, tl.cdiv(eos - bos, BT)):
         rows = bos + c * BT + r
         mrow = rows < eos
         g_cum = tl.load(gcum_ptr + rows * HV + i_hv, mask=mrow, other=0.0)
         g_last = tl.load(gcum_ptr + (tl.minimum(bos + c * BT + BT, eos) - 1) * HV + i_hv)
         hb = h_ptr + ((c0 + c) * HV + i_hv) * K * V
-        if PREFETCH:
-            w0, w1, w2, w3, k0, k1, k2, k3, u_t = wn0, wn1, wn2, wn3, kn0, kn1, kn2, kn3, un
-            wn0, wn1, wn2, wn3, kn0, kn1, kn2, kn3, un = _chunk_tiles(wh, kh, uh, rows + BT, rows + BT < eos, v0,
-                                                                      H, HV, K, V, BV)
-            store_state(hb, 0, v0, s0, K, V, BV, False)
-            vw = tl.dot(w0, s0.to(tl.bfloat16))
-            if K > 64:
-                store_state(hb, 64, v0, s1, K, V, BV, False)
-                vw = vw + tl.dot(w1, s1.to(tl.bfloat16))
-            if K > 128:
-                store_state(hb, 128, v0, s2, K, V, BV, False)
-                vw = vw + tl.dot(w2, s2.to(tl.bfloat16))
-            if K > 192:
-                store_state(hb, 192, v0, s3, K, V, BV, False)
-                vw = vw + tl.dot(w3, s3.to(tl.bfloat16))
-            v_new = u_t.to(tl.float32) - vw
-        else:
-            store_state(hb, 0, v0, s0, K, V, BV, False)
-            vw = w_times_h(wh, rows, mrow, HV * K, 0, s0.to(tl.bfloat16), K)
-            if K > 64:
-                store_state(hb, 64, v0, s1, K, V, BV, False)
-                vw = vw + w_times_h(wh, rows, mrow, HV * K, 64, s1.to(tl.bfloat16), K)
-            if K > 128:
-                store_state(hb, 128, v0, s2, K, V, BV, False)
-                vw = vw + w_times_h(wh, rows, mrow, HV * K, 128, s2.to(tl.bfloat16), K)
-            if K > 192:
-                store_state(hb, 192, v0, s3, K, V, BV, False)
-                vw = vw + w_times_h(wh, rows, mrow, HV * K, 192, s3.to(tl.bfloat16), K)
-            v_new = load_rows(uh, rows, mrow, HV * V, v0, BV, V).to(tl.float32) - vw
+        store_state(hb, 0, v0, s0, K, V, BV, False)
+        vw = w_times_h(wh, rows, mrow, HV * K, 0, s0.to(tl.bfloat16), K)
+        if K > 64:
+            store_state(hb, 64, v0, s1, K, V, BV, False)
+            vw = vw + w_times_h(wh, rows, mrow, HV * K, 64, s1.to(tl.bfloat16), K)
+        if K > 128:
+            store_state(hb, 128, v0, s2, K, V, BV, False)
+            vw = vw + w_times_h(wh, rows, mrow, HV * K, 128, s2.to(tl.bfloat16), K)
+        if K > 192:
+            store_state(hb, 192, v0, s3, K, V, BV, False)
+            vw = vw + w_times_h(wh, rows, mrow, HV * K, 192, s3.to(tl.bfloat16), K)
+        v_new = load_rows(uh, rows, mrow, HV * V, v0, BV, V).to(tl.float32) - vw
         store_rows(vh, rows, mrow, HV * V, v0, v_new, BV, V)
         vg = gated_delta(v_new, g_cum, g_last, mrow)
-        if PREFETCH:
-            eg = tl.exp(g_last)
-            s0 = absorb_tile(s0, k0, vg, eg, False)
-            if K > 64:
-                s1 = absorb_tile(s1, k1, vg, eg, False)
-            if K > 128:
-                s2 = absorb_tile(s2, k2, vg, eg, False)
-            if K > 192:
-                s3 = absorb_tile(s3, k3, vg, eg, False)
-        else:
-            s0, s1, s2, s3 = absorb_all(s0, s1, s2, s3, kh, rows, mrow, H * K, vg, tl.exp(g_last), K, False)
+        s0, s1, s2, s3 = absorb_all(s0, s1, s2, s3, kh, rows, mrow, H * K, vg, tl.exp(g_last), K, False)
     if STORE_HT:
         sb = ht_ptr + (as_index(i_n, I64) * HV + i_hv) * K * V
         store_state(sb, 0, v0, s0, K, V, BV, STATE_V_FIRST)
@@ -168,12 +115,11 @@ def fwd_o_kernel(q_ptr, k_ptr, vnew_ptr, gcum_ptr, h_ptr, o_ptr, cu_ptr, chunks_
 def two_kernel(pro: Prologue, v: torch.Tensor, o: torch.Tensor, plan: ChunkPlan, initial_state, ht, scale: float,
                state_v_first: bool, BV: int = 64, poison: bool = False, num_warps: int = 4,
                num_stages: int | None = None, out_BV: int | None = None, out_warps: int | None = None,
-               out_stages: int | None = None, index64: bool | None = None, prefetch: bool = False) -> None:
+               out_stages: int | None = None, index64: bool | None = None) -> None:
     """State kernel then output kernel on flattened tensors; writes o and (if given) ht. `BV`, `num_warps` and
     `num_stages` configure the state kernel, and the output kernel too unless its `out_*` options are given
     (None: Triton's default stages). The output kernel l2-normalises q when the prologue left that to it
-    (pro.norm_q). `index64`: int64 indices (None: where a buffer needs them). `prefetch`: the state kernel loads
-    each chunk's tiles one step ahead (fwd_h_kernel's PREFETCH)."""
+    (pro.norm_q). `index64`: int64 indices (None: where a buffer needs them)."""
     tokens, H, K = pro.k.shape
     HV, V = v.shape[1], v.shape[2]
     N = plan.cu_seqlens.numel() - 1
@@ -188,8 +134,7 @@ def two_kernel(pro: Prologue, v: torch.Tensor, o: torch.Tensor, plan: ChunkPlan,
     launch(fwd_h_kernel, (triton.cdiv(V, BV), N * HV), pro.k, pro.u, pro.w, pro.g_cum, h, v_new,
            initial_state if initial_state is not None else dummy, ht if ht is not None else dummy,
            plan.cu_seqlens, plan.chunk_offsets, H=H, HV=HV, K=K, V=V, BV=BV, HAS_H0=initial_state is not None,
-           STORE_HT=ht is not None, STATE_V_FIRST=state_v_first, BT=BT, I64=i64, PREFETCH=prefetch,
-           num_warps=num_warps, device=dev,
+           STORE_HT=ht is not None, STATE_V_FIRST=state_v_first, BT=BT, I64=i64, num_warps=num_warps, device=dev,
            **({} if num_stages is None else dict(num_stages=num_stages)))
     if plan.n_chunks:
         launch(fwd_o_kernel, (triton.cdiv(V, out_BV), plan.n_chunks, HV), pro.q, pro.k, v_new, pro.g_cum, h, o,
