@@ -290,7 +290,7 @@ def held_in_runs(ratios: pd.DataFrame, factor: float, what: str) -> Finding:
     per = {s: int((r >= factor).sum()) for s, r in ratios.iterrows()}
     weakest = ratios.min(axis=1)
     txt = (f"{what} held at every size in {every} of {ratios.shape[1]} machine starts; by size: "
-           + ", ".join(f"{s} {n}/{ratios.shape[1]} (lowest {weakest[s]:.2f})" for s, n in per.items()) + ".")
+           + ", ".join(f"{s} {n}/{ratios.shape[1]} (lowest {weakest[s]:.3f})" for s, n in per.items()) + ".")
     return Finding(txt, dict(every=every, runs=ratios.shape[1], per_shape=per))
 
 
