@@ -236,7 +236,10 @@ def eager_paired(calls: dict, reps: int = 100, warmup: int = 5) -> tuple[dict, d
     """Eager time of every backend's call, sampled call by call with the backends in a fresh shuffled order each
     repetition, so that host drift (seconds long, up to 2x on this machine) hits every backend alike. Each sample
     is what do_bench times: L2 flushed, then the GPU time from an event before the call to one after it, which for
-    a host-bound call is the host's launch span. Returns (samples in ms by backend, error by backend)."""
+    a host-bound call is the host's launch span. Each sample starts from an idle GPU (synchronised first), as a
+    lone call does: the bench.csv of the sixth and seventh sessions was sampled without it, and there a host-bound
+    call (FLA at 4096-8192 tokens) queued behind the other backends' device-bound calls had its host work hidden
+    (benchmarks/NOTES.md item 18). Returns (samples in ms by backend, error by backend)."""
     flush = torch.empty(256 * 1024 ** 2 // 4, dtype=torch.int32, device=DEV)
     its = {be: itertools.cycle(c) for be, c in calls.items()}
     errors = {}
@@ -253,6 +256,7 @@ def eager_paired(calls: dict, reps: int = 100, warmup: int = 5) -> tuple[dict, d
     for _ in range(reps):
         rng.shuffle(names)
         for be in names:
+            torch.cuda.synchronize()
             flush.zero_()
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()

@@ -15,9 +15,10 @@ How the rule was learned (H200, Qwen3-Next layer shape, 2026-12-02/03; benchmark
   bit-equal) had the lowest median eager time at 512-2048 tokens in the first machine start of the sixth session
   (0.187 / 0.181 / 0.233 ms; reports/h200/bench_rounds.csv), while its heavier prologue costs device time from
   4096 tokens on (graph 0.463 against fast's 0.295 ms). So eager CUDA calls below ``EAGER_FUSE_NORM`` tokens run
-  fast with ``fuse_norm``. Measured with that rule (reports/h200/bench.csv) auto was within 5% of the fastest
+  fast with ``fuse_norm``. Measured with that rule (reports/h200/bench_run6.csv) auto was within 5% of the fastest
   eagerly at 7 of 9 sizes and within 7% at the other two, where its own samples spread by 19% and 47%
-  (benchmarks/NOTES.md item 15).
+  (benchmarks/NOTES.md item 15); in the seventh session's run (reports/h200/bench.csv) at 8 of 9, the miss at
+  2048 tokens (1.22x) again inside its samples' spread (41%; NOTES item 18).
 - A captured varlen call cannot go to FLA (it copies cu_seqlens to the host); without CUDA or without FLA, the
   lab's fast is the only candidate.
 """

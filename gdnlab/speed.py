@@ -12,7 +12,8 @@ from gdnlab.findings import Finding, _fail
 
 __all__ = ["default_bench", "load_bench", "load_bench_frame", "speed_table", "targets", "fix_is_free",
            "faster_eager", "misses_within_noise", "versus", "time_vs_tokens", "floor_fraction", "far_from_floor",
-           "stage_breakdown", "stage_figure", "run_to_run", "ratio_by_run", "held_in_runs", "provenance"]
+           "stage_breakdown", "stage_figure", "run_to_run", "ratio_by_run", "held_in_runs", "eager_method", "eager_over_graph",
+           "paired_hides_host", "provenance"]
 
 TIMINGS = {"ms": "eager", "graph_ms": "graph"}
 
@@ -292,6 +293,44 @@ def held_in_runs(ratios: pd.DataFrame, factor: float, what: str) -> Finding:
     txt = (f"{what} held at every size in {every} of {ratios.shape[1]} machine starts; by size: "
            + ", ".join(f"{s} {n}/{ratios.shape[1]} (lowest {weakest[s]:.3f})" for s, n in per.items()) + ".")
     return Finding(txt, dict(every=every, runs=ratios.shape[1], per_shape=per))
+
+
+def eager_method(df: pd.DataFrame) -> str:
+    """How a benchmark file sampled eager time: "paired" (benchmarks/h200.py's eager_paired: every backend's calls
+    interleaved, per-call events; its files have `eager_samples`) or "windows" (one do_bench window per backend and
+    round)."""
+    return "paired" if "eager_samples" in df else "windows"
+
+
+def eager_over_graph(runs: dict[str, str | Path], backend: str, shape: str) -> pd.DataFrame:
+    """`backend`'s eager ms over its graph ms at `shape` in every given run, with each run's eager method: ~1 where
+    the eager call is device-bound, more where the host's work shows."""
+    rows = []
+    for name, path in runs.items():
+        d = load_bench(path)
+        e, g = speed_table(d, "ms"), speed_table(d, "graph_ms")
+        if backend in e and shape in e.index:
+            rows.append(dict(run=name, method=eager_method(d), eager_ms=float(e.loc[shape, backend]),
+                             graph_ms=float(g.loc[shape, backend]),
+                             ratio=float(e.loc[shape, backend] / g.loc[shape, backend])))
+    return pd.DataFrame(rows).set_index("run")
+
+
+def paired_hides_host(table: pd.DataFrame, backend: str, shape: str) -> Finding:
+    """In every paired run `backend`'s eager call at `shape` measured closer to its graph time than in any
+    run timed in do_bench windows (a table of eager_over_graph with both methods)."""
+    by = table.groupby("method").ratio
+    if not {"paired", "windows"} <= set(by.groups):
+        raise _fail("paired_hides_host: needs runs of both eager methods", table.to_dict())
+    hi_paired, lo_windows = float(by.max()["paired"]), float(by.min()["windows"])
+    if not hi_paired < lo_windows:
+        raise _fail(f"{backend}'s eager/graph at {shape} does not separate by method", table.round(3).to_dict())
+    return Finding(f"{backend}'s eager call at {shape} took {by.min()['paired']:.2f}-{hi_paired:.2f}x its graph time "
+                   f"in the {by.size()['paired']} runs sampled paired and {lo_windows:.2f}-"
+                   f"{float(by.max()['windows']):.2f}x in the {by.size()['windows']} runs timed in do_bench "
+                   f"windows, as its host work would hide behind the other backends' queued device work when sampled "
+                   f"between their calls without synchronisation (benchmarks/NOTES.md item 18).",
+                   dict(paired_max=hi_paired, windows_min=lo_windows))
 
 
 def provenance(table: str | Path | pd.DataFrame) -> dict[str, str]:

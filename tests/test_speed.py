@@ -116,3 +116,23 @@ def test_ratio_by_run_and_held_in_runs(tmp_path):
     assert "2 of 3" in f.claim
     with pytest.raises(AssertionError, match="lacks"):
         speed.held_in_runs(t.assign(run3=[4.0, float("nan")]), 1.2, "x")
+
+
+def test_eager_over_graph_and_paired_hides_host(tmp_path):
+    paths = {}
+    for name, fla_ms, paired in (("w1", 0.9, False), ("w2", 0.6, False), ("p1", 0.32, True)):
+        df = _bench([("fla", 4096, fla_ms, 0.3), ("fast", 4096, 0.3, 0.29)])
+        if paired:
+            df["eager_samples"] = 100
+        df.to_csv(tmp_path / f"{name}.csv", index=False)
+        paths[name] = tmp_path / f"{name}.csv"
+    t = speed.eager_over_graph(paths, "fla", "1x4096")
+    assert list(t.method) == ["windows", "windows", "paired"]
+    assert math.isclose(t.loc["w2", "ratio"], 2.0)
+    f = speed.paired_hides_host(t, "fla", "1x4096")
+    assert math.isclose(f.numbers["paired_max"], 0.32 / 0.3) and math.isclose(f.numbers["windows_min"], 2.0)
+    t.loc["p1", "ratio"] = 2.5  # a paired run no closer to graph time than a windowed one
+    with pytest.raises(AssertionError, match="separate"):
+        speed.paired_hides_host(t, "fla", "1x4096")
+    with pytest.raises(AssertionError, match="both"):
+        speed.paired_hides_host(t[t.method == "windows"], "fla", "1x4096")
