@@ -237,9 +237,9 @@ def eager_paired(calls: dict, reps: int = 100, warmup: int = 5) -> tuple[dict, d
     repetition, so that host drift (seconds long, up to 2x on this machine) hits every backend alike. Each sample
     is what do_bench times: L2 flushed, then the GPU time from an event before the call to one after it, which for
     a host-bound call is the host's launch span. Each sample starts from an idle GPU (synchronised first), as a
-    lone call does: the bench.csv of the sixth and seventh sessions was sampled without it, and there a host-bound
-    call (FLA at 4096-8192 tokens) queued behind the other backends' device-bound calls had its host work hidden
-    (benchmarks/NOTES.md item 18). Returns (samples in ms by backend, error by backend)."""
+    lone call does: reports/h200/bench_run6.csv and bench.csv (sixth and seventh sessions) were sampled without
+    it, and there a host-bound call (FLA at 4096-8192 tokens) queued behind the other backends' device-bound calls
+    had its host work hidden (benchmarks/NOTES.md item 18). Returns (samples in ms by backend, error by backend)."""
     flush = torch.empty(256 * 1024 ** 2 // 4, dtype=torch.int32, device=DEV)
     its = {be: itertools.cycle(c) for be, c in calls.items()}
     errors = {}

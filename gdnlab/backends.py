@@ -94,9 +94,11 @@ def _triton(path: str, by_size: Callable[[int, int, int], dict[str, Any]] | None
                                   output_final_state=output_final_state,
                                   use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)
         plan = ChunkPlan.build(p.seq_bounds, q.device)
-        walk_bv = {**defaults, **options}.get("BV", 64)
-        sized = by_size(plan.n_chunks * p.HV, p.N * p.HV * -(-p.V // walk_bv), multiprocessors(q.device)) \
-            if by_size else {}
+        sized = {}
+        if by_size:
+            walk_bv = {**defaults, **options}.get("BV", 64)
+            walkers = p.N * p.HV * -(-p.V // walk_bv) if walk_bv in (8, 16, 32, 64) else 0  # else refused below
+            sized = by_size(plan.n_chunks * p.HV, walkers, multiprocessors(q.device))
         opts = {**defaults, **sized, **options}
         allowed = {"BV", "poison", "num_warps", "num_stages", "prologue_warps", "prologue_solve", "fuse_norm"} | (
             {"downcast", "intra_vnew"} if path == "fused" else {"out_BV", "out_warps", "out_stages",

@@ -12,8 +12,8 @@ from gdnlab.findings import Finding, _fail
 
 __all__ = ["default_bench", "load_bench", "load_bench_frame", "speed_table", "targets", "fix_is_free",
            "faster_eager", "misses_within_noise", "versus", "time_vs_tokens", "floor_fraction", "far_from_floor",
-           "stage_breakdown", "stage_figure", "run_to_run", "ratio_by_run", "held_in_runs", "eager_method", "eager_over_graph",
-           "paired_hides_host", "provenance"]
+           "stage_breakdown", "stage_figure", "run_to_run", "ratio_by_run", "held_in_runs", "eager_method",
+           "eager_over_graph", "paired_hides_host", "provenance"]
 
 TIMINGS = {"ms": "eager", "graph_ms": "graph"}
 

@@ -154,6 +154,8 @@ def test_unknown_option_and_bad_bv_are_refused():
         gdnlab.chunk_gated_delta_rule(**kw, backend="two_kernel", downcast=False)
     with pytest.raises(ValueError, match="BV"):
         gdnlab.chunk_gated_delta_rule(**kw, backend="fused_fixed", BV=12)
+    with pytest.raises(ValueError, match="BV"):
+        gdnlab.chunk_gated_delta_rule(**kw, backend="fast", BV=0)
     with pytest.raises(ValueError, match="backend"):
         gdnlab.chunk_gated_delta_rule(**kw, backend="nope")
 
