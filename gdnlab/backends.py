@@ -75,6 +75,10 @@ def _reference(q, k, v, g, beta, **kw: Any):
     return reference.recurrent_gated_delta_rule_ref(q, k, v, g, beta, **kw)
 
 
+#: The V tiles the state-carrying kernels take (option BV).
+STATE_BVS = (8, 16, 32, 64)
+
+
 def _triton(path: str, by_size: Callable[[int, int, int], dict[str, Any]] | None = None,
             **defaults: Any) -> Backend:
     """A backend that runs the lab's Triton kernels: `path` is "two_kernel" or "fused". Every path takes the
@@ -97,7 +101,7 @@ def _triton(path: str, by_size: Callable[[int, int, int], dict[str, Any]] | None
         sized = {}
         if by_size:
             walk_bv = {**defaults, **options}.get("BV", 64)
-            walkers = p.N * p.HV * -(-p.V // walk_bv) if walk_bv in (8, 16, 32, 64) else 0  # else refused below
+            walkers = p.N * p.HV * -(-p.V // walk_bv) if walk_bv in STATE_BVS else 0  # else refused below
             sized = by_size(plan.n_chunks * p.HV, walkers, multiprocessors(q.device))
         opts = {**defaults, **sized, **options}
         allowed = {"BV", "poison", "num_warps", "num_stages", "prologue_warps", "prologue_solve", "fuse_norm"} | (
@@ -107,8 +111,8 @@ def _triton(path: str, by_size: Callable[[int, int, int], dict[str, Any]] | None
         if unknown:
             raise TypeError(f"options: {path} backend does not take {sorted(unknown)}; it takes {sorted(allowed)}")
         bv = opts.pop("BV", 64)
-        if bv not in (8, 16, 32, 64):
-            raise ValueError(f"BV: must be one of 8, 16, 32, 64, got {bv!r}")
+        if bv not in STATE_BVS:
+            raise ValueError(f"BV: must be one of {', '.join(map(str, STATE_BVS))}, got {bv!r}")
         if opts.get("prologue_solve", SOLVE) not in SOLVES:
             raise ValueError(f"prologue_solve: must be one of {', '.join(SOLVES)}, got {opts['prologue_solve']!r}")
         if opts.get("out_BV") not in (None, 8, 16, 32, 64, 128):

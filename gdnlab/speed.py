@@ -272,14 +272,11 @@ def ratio_by_run(runs: dict[str, str | Path], a: str, b: str, timing: str = "ms"
                  max_tokens: int | None = None) -> pd.DataFrame:
     """b's time over a's (how many times faster a is) per shape (rows) in every given run (columns; name -> bench
     or variants CSV, medians over a file's rounds), for shapes of at most `max_tokens` tokens."""
-    cols = {}
-    for name, path in runs.items():
-        d = load_bench(path)
-        if max_tokens is not None:
-            d = d[d.tokens <= max_tokens]
-        cols[name] = _ratio(d, b, a, timing)
-    t = pd.DataFrame(cols)
-    return t.loc[[s for s in _order(load_bench(next(iter(runs.values())))) if s in t.index]]
+    frames = {name: load_bench(path) for name, path in runs.items()}
+    if max_tokens is not None:
+        frames = {name: d[d.tokens <= max_tokens] for name, d in frames.items()}
+    t = pd.DataFrame({name: _ratio(d, b, a, timing) for name, d in frames.items()})
+    return t.loc[[s for s in _order(next(iter(frames.values()))) if s in t.index]]
 
 
 def held_in_runs(ratios: pd.DataFrame, factor: float, what: str) -> Finding:
