@@ -232,13 +232,17 @@ def time_backend(be, sets, **opts) -> tuple[float, float]:
     return eager, _graph_time(calls)
 
 
-def eager_paired(calls: dict, reps: int = 100, warmup: int = 5) -> tuple[dict, dict]:
+#: How eager_paired samples, written into bench.csv (gdnlab.speed.eager_method reads it).
+EAGER_METHOD = "synced"
+
+
+def eager_paired(calls: dict, reps: int = 200, warmup: int = 5) -> tuple[dict, dict]:
     """Eager time of every backend's call, sampled call by call with the backends in a fresh shuffled order each
     repetition, so that host drift (seconds long, up to 2x on this machine) hits every backend alike. Each sample
     is what do_bench times: L2 flushed, then the GPU time from an event before the call to one after it, which for
     a host-bound call is the host's launch span. Each sample starts from an idle GPU (synchronised first), as a
-    lone call does: reports/h200/bench_run6.csv and bench.csv (sixth and seventh sessions) were sampled without
-    it, and there a host-bound call (FLA at 4096-8192 tokens) queued behind the other backends' device-bound calls
+    lone call does: reports/h200/bench_run6.csv and bench_run7.csv (sixth and seventh sessions) were sampled
+    without it, and there a host-bound call (FLA at 4096-8192 tokens) queued behind the other backends' device-bound calls
     had its host work hidden (benchmarks/NOTES.md item 18). Returns (samples in ms by backend, error by backend)."""
     flush = torch.empty(256 * 1024 ** 2 // 4, dtype=torch.int32, device=DEV)
     its = {be: itertools.cycle(c) for be, c in calls.items()}
@@ -314,7 +318,7 @@ def bench(env: dict, bw: float, backends, rounds: int = 3) -> pd.DataFrame:
             q1, q3 = np.percentile(eager[be], [25, 75])
             rows.append(dict(backend=be, B=B, T=T if T else tokens, tokens=tokens, ms=ms, graph_ms=gms,
                              ms_iqr=float((q3 - q1) / ms), graph_spread=float(np.ptp(g) / gms),
-                             eager_samples=len(eager[be]), rounds=len(g),
+                             eager_samples=len(eager[be]), eager_method=EAGER_METHOD, rounds=len(g),
                              seed=f"0..{len(sets) - 1} (rotated sets)",
                              tokens_per_s=tokens / (min(ms, gms if gms == gms else ms) * 1e-3),
                              floor_ms=floor_ms, bit_equal_fast=equal.get(be, {}).get("bit_equal_fast"),

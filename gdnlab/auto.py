@@ -1,7 +1,7 @@
 """The "auto" backend: a written rule, learned from reports/h200/bench.csv, that picks the fastest correct backend
 for a call from its shape and context, without timing anything per call.
 
-How the rule was learned (H200, Qwen3-Next layer shape, 2026-12-02/03; benchmarks/NOTES.md items 12-15):
+How the rule was learned (H200, Qwen3-Next layer shape, 2026-12-02/03; benchmarks/NOTES.md items 12-15 and 19):
 - Replayed in a CUDA graph, device time is all that counts. Against the previous fast (int64 indices) FLA was
   ahead at 1024-2048 tokens in two of three machine starts, so the rule then sent captured calls of 1024-4095
   tokens to FLA. The fifth run (reports/h200/bench_run5.csv) ran that rule: at 1024 and 2048 tokens auto (FLA)
@@ -14,11 +14,14 @@ How the rule was learned (H200, Qwen3-Next layer shape, 2026-12-02/03; benchmark
   win. fast with the q/k l2-norm inside its prologue (``fuse_norm``: three launches instead of four or five,
   bit-equal) had the lowest median eager time at 512-2048 tokens in the first machine start of the sixth session
   (0.187 / 0.181 / 0.233 ms; reports/h200/bench_rounds.csv), while its heavier prologue costs device time from
-  4096 tokens on (graph 0.463 against fast's 0.295 ms). So eager CUDA calls below ``EAGER_FUSE_NORM`` tokens run
-  fast with ``fuse_norm``. Measured with that rule (reports/h200/bench_run6.csv) auto was within 5% of the fastest
-  eagerly at 7 of 9 sizes and within 7% at the other two, where its own samples spread by 19% and 47%
-  (benchmarks/NOTES.md item 15); in the seventh session's run (reports/h200/bench.csv) at 8 of 9, the miss at
-  2048 tokens (1.22x) again inside its samples' spread (41%; NOTES item 18).
+  4096 tokens on (graph 0.463 against fast's 0.295 ms). That was timed in do_bench windows or sampled between other
+  backends' calls, where the GPU was still busy and a call's device time hid behind the host's. Sampled as a lone
+  call from an idle GPU (benchmarks/NOTES.md item 19) an eager call's time is the host's span of its launches plus
+  the device work left after the last one, and at 2048 tokens the fused prologue's extra device time outweighs the
+  launch it saves. Predicted from the eighth session's run, measured in the ninth's (reports/h200/bench.csv,
+  2026-12-03 13:52 UTC, 200 samples a backend): at 2048 tokens fast 0.338 ms eagerly, fast with ``fuse_norm``
+  0.353 (graph 0.162 against 0.228), while at 512 and 1024 tokens ``fuse_norm`` was ahead (0.261 / 0.302 against
+  0.281 / 0.324 ms). So eager CUDA calls below ``EAGER_FUSE_NORM`` = 2048 tokens run fast with ``fuse_norm``.
 - A captured varlen call cannot go to FLA (it copies cu_seqlens to the host); without CUDA or without FLA, the
   lab's fast is the only candidate.
 """
@@ -33,7 +36,7 @@ GRAPH_FLA: tuple[int, int] | None = None
 #: The lab's backend the rule falls back on.
 LAB = "fast"
 #: An eager CUDA call of fewer tokens runs LAB with the l2-norm inside the prologue (one launch fewer).
-EAGER_FUSE_NORM = 4096
+EAGER_FUSE_NORM = 2048
 
 
 def choose(tokens: int, varlen: bool, on_cuda: bool, capturing: bool, fla_ok: bool) -> str:

@@ -32,8 +32,8 @@ def test_a_window_sends_captured_calls_to_fla(monkeypatch):
 
 
 @pytest.mark.parametrize("tokens,cuda,capturing,want", [
-    (4095, True, False, {"fuse_norm": True}),  # eager and host-bound: one launch fewer
-    (4096, True, False, {}),                   # from here the fused prologue costs device time
+    (2047, True, False, {"fuse_norm": True}),  # eager and host-bound: one launch fewer
+    (2048, True, False, {}),                   # from here the fused prologue's device time costs more
     (512, True, True, {}),                     # captured: only device time counts
     (512, False, False, {}),                   # CPU: no launches to save
 ])

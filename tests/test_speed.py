@@ -120,19 +120,26 @@ def test_ratio_by_run_and_held_in_runs(tmp_path):
 
 def test_eager_over_graph_and_paired_hides_host(tmp_path):
     paths = {}
-    for name, fla_ms, paired in (("w1", 0.9, False), ("w2", 0.6, False), ("p1", 0.32, True)):
+    for name, fla_ms, method in (("w1", 0.9, None), ("w2", 0.6, None), ("p1", 0.32, "paired"),
+                                 ("s1", 0.81, "synced")):
         df = _bench([("fla", 4096, fla_ms, 0.3), ("fast", 4096, 0.3, 0.29)])
-        if paired:
+        if method:
             df["eager_samples"] = 100
+        if method == "synced":
+            df["eager_method"] = "synced"
         df.to_csv(tmp_path / f"{name}.csv", index=False)
         paths[name] = tmp_path / f"{name}.csv"
     t = speed.eager_over_graph(paths, "fla", "1x4096")
-    assert list(t.method) == ["windows", "windows", "paired"]
+    assert list(t.method) == ["windows", "windows", "paired", "synced"]
     assert math.isclose(t.loc["w2", "ratio"], 2.0)
     f = speed.paired_hides_host(t, "fla", "1x4096")
-    assert math.isclose(f.numbers["paired_max"], 0.32 / 0.3) and math.isclose(f.numbers["windows_min"], 2.0)
+    assert math.isclose(f.numbers["paired_max"], 0.32 / 0.3) and math.isclose(f.numbers["others_min"], 2.0)
+    assert "1 run sampled paired, each call from an idle GPU" in f.claim
+    assert "2.70x in the 1 run" in f.claim and "2.00-3.00x in the 2 runs timed in do_bench windows" in f.claim
     t.loc["p1", "ratio"] = 2.5  # a paired run no closer to graph time than a windowed one
     with pytest.raises(AssertionError, match="separate"):
         speed.paired_hides_host(t, "fla", "1x4096")
-    with pytest.raises(AssertionError, match="both"):
+    with pytest.raises(AssertionError, match="otherwise"):
+        speed.paired_hides_host(t[t.method == "paired"], "fla", "1x4096")
+    with pytest.raises(AssertionError, match="otherwise"):
         speed.paired_hides_host(t[t.method == "windows"], "fla", "1x4096")
