@@ -18,10 +18,11 @@ How the rule was learned (H200, Qwen3-Next layer shape, 2026-12-02/03; benchmark
   backends' calls, where the GPU was still busy and a call's device time hid behind the host's. Sampled as a lone
   call from an idle GPU (benchmarks/NOTES.md item 19) an eager call's time is the host's span of its launches plus
   the device work left after the last one, and at 2048 tokens the fused prologue's extra device time outweighs the
-  launch it saves. Predicted from the eighth session's run, measured in the ninth's (reports/h200/bench.csv,
+  launch it saves. Predicted from the eighth session's run, measured in the ninth's (reports/h200/bench_run8.csv,
   2026-12-03 13:52 UTC, 200 samples a backend): at 2048 tokens fast 0.338 ms eagerly, fast with ``fuse_norm``
   0.353 (graph 0.162 against 0.228), while at 512 and 1024 tokens ``fuse_norm`` was ahead (0.261 / 0.302 against
-  0.281 / 0.324 ms). So eager CUDA calls below ``EAGER_FUSE_NORM`` = 2048 tokens run fast with ``fuse_norm``.
+  0.281 / 0.324 ms); a second start (reports/h200/bench.csv, 14:19 UTC) agreed. So eager CUDA calls below
+  ``EAGER_FUSE_NORM`` = 2048 tokens run fast with ``fuse_norm``.
 - A captured varlen call cannot go to FLA (it copies cu_seqlens to the host); without CUDA or without FLA, the
   lab's fast is the only candidate.
 """

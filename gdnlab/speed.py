@@ -13,7 +13,7 @@ from gdnlab.findings import Finding, _fail
 __all__ = ["default_bench", "load_bench", "load_bench_frame", "speed_table", "targets", "fix_is_free",
            "faster_eager", "misses_within_noise", "versus", "time_vs_tokens", "floor_fraction", "far_from_floor",
            "stage_breakdown", "stage_figure", "run_to_run", "ratio_by_run", "held_in_runs", "eager_method",
-           "eager_over_graph", "paired_hides_host", "provenance"]
+           "eager_over_graph", "paired_hides_host", "dispatch_cost", "provenance"]
 
 TIMINGS = {"ms": "eager", "graph_ms": "graph"}
 
@@ -341,6 +341,25 @@ def paired_hides_host(table: pd.DataFrame, backend: str, shape: str) -> Finding:
                    f"between the other backends' calls with the GPU still busy did its host work hide behind their "
                    f"queued device work (benchmarks/NOTES.md items 18 and 19).",
                    dict(paired_max=hi_paired, others_min=lo_others))
+
+
+def dispatch_cost(table: str | Path | pd.DataFrame, goal: float = 1.05) -> Finding:
+    """What auto's dispatch layer costs (benchmarks/auto_overhead.py's table): its host time per call (auto routed
+    to a do-nothing backend, less that backend called directly) and auto's eager time over the configuration it
+    runs from many paired samples, asserted below `goal` at every size."""
+    df = table if isinstance(table, pd.DataFrame) else pd.read_csv(table)
+    us = df.set_index("what").us
+    eager = df[df.what.str.startswith("eager")].set_index("T")
+    if eager.empty or not {"entry -> noop", "entry -> auto -> noop"} <= set(us.index):
+        raise _fail("dispatch_cost: the table lacks the host or the eager rows", list(df.what))
+    layer = float(us["entry -> auto -> noop"] - us["entry -> noop"])
+    worst = float(eager.median_paired_ratio.max())
+    if not worst < goal:
+        raise _fail(f"auto's eager time is not within {goal:g}x of what it runs", eager.median_paired_ratio.to_dict())
+    sizes = ", ".join(f"{r:.3f}x ({int(t)} tokens)" for t, r in eager.median_paired_ratio.items())
+    return Finding(f"auto's dispatch layer costs {layer:.1f} us of host time a call; over "
+                   f"{int(eager.samples.min())} paired eager samples auto takes {sizes} the time of the "
+                   f"configuration it runs (median of the per-sample ratios).", dict(layer_us=layer, worst=worst))
 
 
 def provenance(table: str | Path | pd.DataFrame) -> dict[str, str]:

@@ -143,3 +143,17 @@ def test_eager_over_graph_and_paired_hides_host(tmp_path):
         speed.paired_hides_host(t[t.method == "paired"], "fla", "1x4096")
     with pytest.raises(AssertionError, match="otherwise"):
         speed.paired_hides_host(t[t.method == "windows"], "fla", "1x4096")
+
+
+def test_dispatch_cost():
+    rows = [dict(what="capture query", us=0.7), dict(what="entry -> noop", us=5.0),
+            dict(what="entry -> auto -> noop", us=11.5)]
+    rows += [dict(what=f"eager auto / fast+fn, 1x{t}", T=t, median_paired_ratio=r, samples=1000)
+             for t, r in ((512, 1.018), (1024, 1.021))]
+    df = pd.DataFrame(rows)
+    f = speed.dispatch_cost(df)
+    assert math.isclose(f.numbers["layer_us"], 6.5) and "1.021x (1024 tokens)" in f.claim
+    with pytest.raises(AssertionError, match="within"):
+        speed.dispatch_cost(df.assign(median_paired_ratio=df.median_paired_ratio * 1.04))
+    with pytest.raises(AssertionError, match="lacks"):
+        speed.dispatch_cost(df[df.what != "entry -> noop"])
