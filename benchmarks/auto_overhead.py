@@ -7,7 +7,6 @@ h200.py's bench does (each call from an idle GPU, backends interleaved) with man
 """
 import argparse
 import os
-import time
 
 import numpy as np
 import pandas as pd
@@ -16,19 +15,12 @@ import torch
 import h200
 import gdnlab
 from gdnlab import auto
+from gdnlab.speed import DISPATCH_AUTO, DISPATCH_DIRECT
 
 
-def _host_us(fn, n: int = 2000, windows: int = 7) -> float:
-    """Median over `windows` of the mean wall time of `n` calls, in us."""
-    for _ in range(50):
-        fn()
-    walls = []
-    for _ in range(windows):
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        walls.append((time.perf_counter() - t0) / n * 1e6)
-    return float(np.median(walls))
+def _host_us(fn, n: int = 2000) -> float:
+    """Median over seven windows of the mean wall time of `n` calls, in us."""
+    return float(np.median(h200.host_walls(fn, n, windows=7, warmup=50)))
 
 
 def main() -> int:
@@ -46,10 +38,10 @@ def main() -> int:
     gdnlab.register_backend("noop", noop, overwrite=True)
     lab = auto.LAB
     rows = [dict(what="capture query", us=_host_us(torch.cuda.is_current_stream_capturing))]
-    rows.append(dict(what="entry -> noop", us=_host_us(lambda: gdnlab.chunk_gated_delta_rule(**kw, backend="noop"))))
+    rows.append(dict(what=DISPATCH_DIRECT, us=_host_us(lambda: gdnlab.chunk_gated_delta_rule(**kw, backend="noop"))))
     auto.LAB = "noop"
     try:
-        rows.append(dict(what="entry -> auto -> noop",
+        rows.append(dict(what=DISPATCH_AUTO,
                          us=_host_us(lambda: gdnlab.chunk_gated_delta_rule(**kw, backend="auto"))))
     finally:
         auto.LAB = lab

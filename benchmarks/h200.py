@@ -33,6 +33,7 @@ from gdnlab.inputs import make_inputs  # noqa: E402
 from gdnlab.kernels import ChunkPlan, alloc, fused, l2norm, run_prologue, two_kernel  # noqa: E402
 from gdnlab.metrics import CUTEDSL_OUTPUT, CUTEDSL_STATE, valid_rows  # noqa: E402
 from gdnlab.reference import recurrent_gated_delta_rule_ref  # noqa: E402
+from gdnlab.speed import SYNCED  # noqa: E402
 
 DEV = "cuda"
 TRITON_BACKENDS = ("two_kernel", "fused_shipped", "fused_fixed", "fast", "auto")
@@ -233,7 +234,7 @@ def time_backend(be, sets, **opts) -> tuple[float, float]:
 
 
 #: How eager_paired samples, written into bench.csv (gdnlab.speed.eager_method reads it).
-EAGER_METHOD = "synced"
+EAGER_METHOD = SYNCED
 
 
 def eager_paired(calls: dict, reps: int = 200, warmup: int = 5) -> tuple[dict, dict]:
@@ -242,8 +243,9 @@ def eager_paired(calls: dict, reps: int = 200, warmup: int = 5) -> tuple[dict, d
     is what do_bench times: L2 flushed, then the GPU time from an event before the call to one after it, which for
     a host-bound call is the host's launch span. Each sample starts from an idle GPU (synchronised first), as a
     lone call does: reports/h200/bench_run6.csv and bench_run7.csv (sixth and seventh sessions) were sampled
-    without it, and there a host-bound call (FLA at 4096-8192 tokens) queued behind the other backends' device-bound calls
-    had its host work hidden (benchmarks/NOTES.md item 18). Returns (samples in ms by backend, error by backend)."""
+    without it, and there a host-bound call (FLA at 4096-8192 tokens) queued behind the other backends'
+    device-bound calls had its host work hidden (benchmarks/NOTES.md item 18). Returns (samples in ms by backend,
+    error by backend)."""
     flush = torch.empty(256 * 1024 ** 2 // 4, dtype=torch.int32, device=DEV)
     its = {be: itertools.cycle(c) for be, c in calls.items()}
     errors = {}
@@ -694,6 +696,22 @@ def in_situ(env: dict, backends=("fast", "fla")) -> pd.DataFrame:
     return _stamp(df, env)
 
 
+def host_walls(call, n: int, windows: int = 5, warmup: int = 20) -> list[float]:
+    """Host us per call in each of `windows` windows: the wall time of `n` back-to-back calls, synchronised at the
+    end of the window, over n (after `warmup` calls)."""
+    for _ in range(warmup):
+        call()
+    torch.cuda.synchronize()
+    walls = []
+    for _ in range(windows):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            call()
+        torch.cuda.synchronize()
+        walls.append((time.perf_counter() - t0) / n * 1e6)
+    return walls
+
+
 def host(env: dict, out_dir: str, backends, tokens=(512, 2048), n: int = 300) -> pd.DataFrame:
     """Host time per eager call: the wall time of `n` back-to-back calls on one input, synchronised once at the
     end (at these sizes the host, not the GPU, sets the pace), per backend and size; fast's call at the smallest
@@ -705,17 +723,7 @@ def host(env: dict, out_dir: str, backends, tokens=(512, 2048), n: int = 300) ->
     kws = {T: _kwargs(_inputs(1, T, 0), "fast") for T in tokens}
     for T, kw in kws.items():
         for be in backends:
-            call = lambda: gdnlab.chunk_gated_delta_rule(**kw, backend=be)  # noqa: E731
-            for _ in range(20):
-                call()
-            torch.cuda.synchronize()
-            walls = []
-            for _ in range(5):
-                t0 = time.perf_counter()
-                for _ in range(n):
-                    call()
-                torch.cuda.synchronize()
-                walls.append((time.perf_counter() - t0) / n * 1e6)
+            walls = host_walls(lambda: gdnlab.chunk_gated_delta_rule(**kw, backend=be), n)
             rows.append(dict(backend=be, B=1, T=T, tokens=T, us_per_call=float(np.median(walls)),
                              us_min=float(min(walls)), us_max=float(max(walls)), calls=n))
             log("host", be, T, round(rows[-1]["us_per_call"], 1))

@@ -16,6 +16,10 @@ __all__ = ["default_bench", "load_bench", "load_bench_frame", "speed_table", "ta
            "eager_over_graph", "paired_hides_host", "dispatch_cost", "provenance"]
 
 TIMINGS = {"ms": "eager", "graph_ms": "graph"}
+#: The eager_method of benchmarks/h200.py's bench files since every sample starts from an idle GPU.
+SYNCED = "synced"
+#: benchmarks/auto_overhead.py's host rows: a do-nothing backend called through the entry point, and through auto.
+DISPATCH_DIRECT, DISPATCH_AUTO = "entry -> noop", "entry -> auto -> noop"
 
 
 def default_bench() -> Path:
@@ -327,16 +331,15 @@ def paired_hides_host(table: pd.DataFrame, backend: str, shape: str) -> Finding:
     hi_paired, lo_others = float(paired.max()), float(others.ratio.min())
     if not hi_paired < lo_others:
         raise _fail(f"{backend}'s eager/graph at {shape} does not separate by method", table.round(3).to_dict())
-    how = {"windows": "timed in do_bench windows", "synced": "sampled paired, each call from an idle GPU"}
+    labels = {"windows": "timed in do_bench windows", SYNCED: "sampled paired, each call from an idle GPU"}
 
-    def span(r: pd.Series, how: str) -> str:
+    def span(r: pd.Series, label: str) -> str:
         lo, hi = float(r.min()), float(r.max())
         return (f"{lo:.2f}x" if f"{lo:.2f}" == f"{hi:.2f}" else f"{lo:.2f}-{hi:.2f}x") + \
-            f" in the {len(r)} run{'s' if len(r) > 1 else ''} {how}"
+            f" in the {len(r)} run{'s' if len(r) > 1 else ''} {label}"
 
     parts = [span(paired, "sampled paired without synchronisation")] + [
-        span(r, how.get(m, f"sampled {m}"))
-        for m, r in others.groupby("method").ratio]
+        span(r, labels.get(m, f"sampled {m}")) for m, r in others.groupby("method").ratio]
     return Finding(f"{backend}'s eager call at {shape} took, over its graph time, {'; '.join(parts)}. Only sampled "
                    f"between the other backends' calls with the GPU still busy did its host work hide behind their "
                    f"queued device work (benchmarks/NOTES.md items 18 and 19).",
@@ -350,9 +353,9 @@ def dispatch_cost(table: str | Path | pd.DataFrame, goal: float = 1.05) -> Findi
     df = table if isinstance(table, pd.DataFrame) else pd.read_csv(table)
     us = df.set_index("what").us
     eager = df[df.what.str.startswith("eager")].set_index("T")
-    if eager.empty or not {"entry -> noop", "entry -> auto -> noop"} <= set(us.index):
+    if eager.empty or not {DISPATCH_DIRECT, DISPATCH_AUTO} <= set(us.index):
         raise _fail("dispatch_cost: the table lacks the host or the eager rows", list(df.what))
-    layer = float(us["entry -> auto -> noop"] - us["entry -> noop"])
+    layer = float(us[DISPATCH_AUTO] - us[DISPATCH_DIRECT])
     worst = float(eager.median_paired_ratio.max())
     if not worst < goal:
         raise _fail(f"auto's eager time is not within {goal:g}x of what it runs", eager.median_paired_ratio.to_dict())
