@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 import torch
 
-from gdnlab import reference
+from gdnlab import peers, reference
 from gdnlab.auto import auto_backend
 from gdnlab.kernels.fused import FIXED, SHIPPED
 from gdnlab.kernels.prologue import SOLVE, SOLVES
@@ -46,6 +46,8 @@ def get_backend(name: str) -> Backend:
     if not isinstance(name, str):
         raise TypeError(f"backend: must be a str, got {type(name).__name__}")
     if name not in _REGISTRY:
+        if name in peers.UNAVAILABLE:
+            raise ValueError(f"backend: {name!r} is not available here: {peers.UNAVAILABLE[name]}")
         raise ValueError(f"backend: unknown backend {name!r}; known: {', '.join(BACKENDS)}")
     return _REGISTRY[name]
 
@@ -148,38 +150,6 @@ def _triton(path: str, by_size: Callable[[int, int, int], dict[str, Any]] | None
     return run
 
 
-def _fla(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
-         use_qk_l2norm_in_kernel=False, cu_seqlens=None, state_v_first=False, **options: Any):
-    """flash-linear-attention's chunk_gated_delta_rule, as a peer (CUDA only)."""
-    try:
-        from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_chunk
-    except ImportError as e:  # pragma: no cover - depends on the machine
-        raise RuntimeError("backend 'fla' needs the flash-linear-attention package (pip install fla-core)") from e
-    if not q.is_cuda:
-        raise ValueError("backend 'fla': flash-linear-attention runs on CUDA tensors only; got CPU tensors")
-    h0 = initial_state.transpose(-1, -2).contiguous() if (initial_state is not None and state_v_first) \
-        else initial_state
-    o, ht = fla_chunk(q, k, v, g, beta, scale=scale, initial_state=h0, output_final_state=output_final_state,
-                      cu_seqlens=cu_seqlens.to(q.device, torch.long) if cu_seqlens is not None else None,
-                      use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, **options)
-    if cu_seqlens is not None and int(cu_seqlens[-1]) < q.shape[1]:
-        o[:, int(cu_seqlens[-1]):] = 0
-    if ht is not None and state_v_first:
-        ht = ht.transpose(-1, -2).contiguous()
-    return o, (ht.float() if ht is not None else None)
-
-
-def fla_available() -> bool:
-    """True when flash-linear-attention imports and a CUDA device is present."""
-    if not torch.cuda.is_available():
-        return False
-    try:
-        import fla.ops.gated_delta_rule  # noqa: F401
-    except Exception:
-        return False
-    return True
-
-
 _reference.validates_itself = True
 register_backend("reference", _reference)
 register_backend("two_kernel", _triton("two_kernel"))
@@ -226,6 +196,5 @@ def _sm_count(index: int) -> int:
 
 
 register_backend("fast", _triton("two_kernel", by_size=fast_by_size, **FAST))
-if fla_available():
-    register_backend("fla", _fla)
+peers.register_peers(register_backend)
 register_backend("auto", auto_backend)
