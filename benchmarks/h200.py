@@ -234,7 +234,7 @@ def time_backend(be, sets, **opts) -> tuple[float, float]:
     return eager, _graph_time(calls)
 
 
-#: How eager_paired samples, written into bench.csv (gdnlab.speed.eager_method reads it).
+#: How eager_paired samples, written into bench.csv (data/<device>/RUNS.csv's timing_method records it per run).
 EAGER_METHOD = SYNCED
 
 

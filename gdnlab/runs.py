@@ -4,7 +4,7 @@ Every device call (one machine start, or one call of a benchmark script on it) w
 ``data/<device>/<run_id>/`` with that call's ``env.json``; ``RUNS.csv`` lists each run once with the facts a reader
 needs to compare runs (time, the commit that added its files, device, driver, torch, Triton, peer versions, how its
 timings were sampled, what it was for). Code and notebooks choose a run by querying this table, not by file names,
-so that adding a run never changes what an older file name means (docs/runs.md describes each run).
+so that adding a run never changes what an older file name means (docs/runs.md describes the registry).
 
 ``purpose`` starts with a kind and a colon (``"bench: ..."``, ``"variants: ..."``, ``"conformance: ..."``): the
 kind is what :func:`latest` and :func:`select` filter on; the rest says what the run measured and which note cites it.

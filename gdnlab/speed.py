@@ -209,7 +209,8 @@ def meets_target(tg: pd.DataFrame, target: str, timing: str | None = None) -> Fi
                     rows.set_index("shape").ratio.round(3).to_dict())
     lo, hi = float(rows.ratio.min()), float(rows.ratio.max())
     return Finding(f"Target {target} {rows.goal.iloc[0]} ({timing or 'eager and graph'}) is met at all {len(rows)} "
-                   f"sizes by the {rows.rule.iloc[0]} rule: {lo:.3f}-{hi:.3f}x.", dict(low=lo, high=hi, sizes=len(rows)))
+                   f"sizes by the {rows.rule.iloc[0]} rule: {lo:.3f}-{hi:.3f}x.",
+                   dict(low=lo, high=hi, sizes=len(rows)))
 
 
 def target_summary(tg: pd.DataFrame) -> Summary:
