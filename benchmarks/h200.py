@@ -4,7 +4,8 @@
                                            fla_tuning,in_situ,host] [--variants STUDY] [--register STUDY]
 
 Each part records its own failures instead of stopping the run, so one call yields everything it can. Results are
-committed under reports/h200/ with the device, driver, torch and Triton versions and the date (env.json).
+committed as one run, data/h200/<run_id>/ listed in data/h200/RUNS.csv, with the device, driver, torch and Triton
+versions and the date (env.json).
 """
 from __future__ import annotations
 
@@ -233,7 +234,7 @@ def time_backend(be, sets, **opts) -> tuple[float, float]:
     return eager, _graph_time(calls)
 
 
-#: How eager_paired samples, written into bench.csv (gdnlab.speed.eager_method reads it).
+#: How eager_paired samples, written into bench.csv (data/<device>/RUNS.csv's timing_method records it per run).
 EAGER_METHOD = SYNCED
 
 
@@ -242,7 +243,7 @@ def eager_paired(calls: dict, reps: int = 200, warmup: int = 5) -> tuple[dict, d
     repetition, so that host drift (seconds long, up to 2x on this machine) hits every backend alike. Each sample
     is what do_bench times: L2 flushed, then the GPU time from an event before the call to one after it, which for
     a host-bound call is the host's launch span. Each sample starts from an idle GPU (synchronised first), as a
-    lone call does: reports/h200/bench_run6.csv and bench_run7.csv (sixth and seventh sessions) were sampled
+    lone call does: data/h200/2026-12-03T0607-bench and 0755-bench (sixth and seventh sessions) were sampled
     without it, and there a host-bound call (FLA at 4096-8192 tokens) queued behind the other backends'
     device-bound calls had its host work hidden (benchmarks/NOTES.md item 18). Returns (samples in ms by backend,
     error by backend)."""

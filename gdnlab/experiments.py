@@ -332,7 +332,7 @@ def bv_sweep(bvs: Sequence[int], backends: Sequence[str], *, baseline: str = "tw
              num_warps: int | None = None) -> pd.DataFrame:
     """Output error of each backend at each BV (the baseline at its default BV only), one sequence of ``seq_len``.
     ``num_warps`` (if given) goes to the lab's Triton backends (on the H200 with Triton 3.6, BV < 64 needs 8 warps:
-    reports/h200/probe_configs.csv).
+    data/h200/2026-12-02T1441-bench/probe_configs.csv).
 
     A BV that a compiled target (or a user's backend) refuses becomes a row with ``status`` holding the error's first
     line and NaN errors.

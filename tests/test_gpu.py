@@ -1,5 +1,5 @@
 """GPU-only checks (compiled kernels on real tensor cores); skipped without CUDA. Their results on an H200 are
-committed under reports/h200/ by benchmarks/h200.py."""
+committed as runs under data/h200/ (RUNS.csv) by benchmarks/h200.py."""
 import pytest
 import torch
 

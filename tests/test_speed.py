@@ -1,10 +1,13 @@
-"""gdnlab.speed on a small synthetic benchmark (and the committed H200 one): targets, findings, figure."""
+"""gdnlab.speed on a small synthetic benchmark (and the committed H200 runs): targets judged by the acceptance rule,
+findings, summaries, figures, and runs chosen through RUNS.csv."""
 import math
 
+import numpy as np
 import pandas as pd
 import pytest
 
-from gdnlab import speed
+from gdnlab import runs, speed
+from gdnlab.summary import Summary
 
 ENV = dict(device="GPU-X", torch="t", triton="3.6.0", date="d1", floor_ms=0.01, error="")
 
@@ -28,9 +31,37 @@ def test_targets_are_computed_row_by_row():
     assert math.isclose(by.loc[("fla / fast", "1x512", "eager"), "ratio"], 3.0)
     assert by.loc[("fast / fla", "1x8192", "graph"), "met"]
     assert math.isclose(by.loc[("auto / fastest", "1x512", "eager"), "ratio"], 0.52 / 0.5)
-    assert {"device", "torch", "triton", "seed"} <= set(tg.columns)
+    assert {"device", "torch", "triton", "seed"} <= set(tg.columns) and set(tg.rule) == {"median"}
     slow = speed.targets(_synthetic(fast_graph=1.2)).set_index(["target", "shape", "timing"])
     assert not slow.loc[("fast / fla", "1x512", "graph"), "met"]
+
+
+def test_judge_median_rule_and_paired_bootstrap():
+    assert speed.judge(1.05, ratio=1.05).met and not speed.judge(1.05, ratio=1.0501).met
+    assert speed.judge(1.2, at_most=False, ratio=1.2).met and not speed.judge(1.2, at_most=False, ratio=1.19).met
+    rng = np.random.default_rng(1)
+    b = rng.uniform(0.2, 0.6, 400)  # drift shared by both backends cancels in the per-sample ratio
+    tight = speed.judge(1.05, samples=(b * rng.normal(1.02, 0.005, 400), b))
+    assert tight.met and tight.low < tight.ratio < tight.high <= 1.05 and tight.rule == "paired bootstrap 95%"
+    spread = 1.03 + 0.4 * np.linspace(-1, 1, 101)  # median 1.03 meets 1.05, the interval does not: a miss
+    loose = speed.judge(1.05, samples=(b[:101] * spread, b[:101]))
+    assert math.isclose(loose.ratio, 1.03) and loose.high > 1.05 and not loose.met
+    assert speed.judge(0.99, at_most=False, samples=(b * 1.02, b)).met
+    with pytest.raises(ValueError, match="either"):
+        speed.judge(1.05)
+
+
+def test_meets_target_and_summary_show_misses():
+    tg = speed.targets(_synthetic().assign(ms=lambda d: d.ms.where(~((d.backend == "auto") & (d.tokens == 512)), 0.55)))
+    assert "met at all 2 sizes" in str(speed.meets_target(tg, "auto / fastest", "graph"))
+    with pytest.raises(AssertionError, match=r"not met at every size: 1x512 1.100x \(goal <= 1.05\)"):
+        speed.meets_target(tg, "auto / fastest", "eager")
+    with pytest.raises(AssertionError, match="no rows"):
+        speed.meets_target(tg, "nothing")
+    s = speed.target_summary(tg)
+    assert isinstance(s, Summary) and s.numbers["auto / fastest (eager)"] == (1, 2)
+    assert "auto / fastest <= 1.05 (eager): met at 1 of 2 sizes; not met at 1x512 1.100x (goal <= 1.05)" in s.text
+    assert "asserts nothing" in s._repr_markdown_()
 
 
 def test_findings_hold_or_fail_with_numbers():
@@ -38,22 +69,22 @@ def test_findings_hold_or_fail_with_numbers():
     with pytest.raises(AssertionError, match="costs more"):
         speed.fix_is_free(_synthetic(fixed=1.2))
     assert "3.00-3.00x faster" in str(speed.faster_eager(_synthetic()))
+    assert isinstance(speed.versus(_synthetic(), "fast", "fla"), Summary)
     assert "at 2 of 2 sizes" in str(speed.versus(_synthetic(), "fast", "fla"))
     assert "0 of 2" in str(speed.versus(_synthetic(fast_graph=1.2), "fast", "fla"))
     with pytest.raises(AssertionError, match="memory floor"):
         speed.far_from_floor(_synthetic(), at_most=0.01)
 
 
-def test_eager_misses_are_judged_against_their_own_spread():
-    b = _synthetic().assign(ms_iqr=0.2)
-    assert "at all 2 sizes" in str(speed.misses_within_noise(b))
-    b.loc[(b.backend == "auto") & (b.tokens == 512), "ms"] = 0.55  # 1.10x the fastest
-    assert "1x512 1.100x (IQR 20%)" in str(speed.misses_within_noise(b))
-    b["ms_iqr"] = 0.05
-    with pytest.raises(AssertionError, match="own samples' spread"):
-        speed.misses_within_noise(b)
-    with pytest.raises(AssertionError, match="no ms_iqr"):
-        speed.misses_within_noise(b.drop(columns="ms_iqr"))
+def test_committed_runs_are_chosen_through_the_registry():
+    reg = runs.runs("h200")
+    bench_runs = reg[runs.kind(reg.purpose) == "bench"]
+    assert speed.default_bench().parent.name == bench_runs.run_id.iloc[-1]
+    every = speed.timed_runs()
+    assert set(runs.kind(every.purpose)) <= set(speed.TIMED_KINDS) and all(f.exists() for f in every.file)
+    first, mid = every.run_id.iloc[0], every.run_id.iloc[len(every) // 2]
+    assert list(speed.timed_runs(since=mid).run_id) == list(every.run_id.iloc[len(every) // 2:])
+    assert list(speed.timed_runs(since=first, before=mid).run_id) == list(every.run_id.iloc[:len(every) // 2])
 
 
 def test_committed_h200_bench_renders():
@@ -112,29 +143,25 @@ def test_ratio_by_run_and_held_in_runs(tmp_path):
     assert list(t.index) == ["1x512", "1x4096"] and list(t.columns) == ["run0", "run1", "run2"]
     assert math.isclose(t.loc["1x4096", "run1"], 0.33 / 0.3) and math.isclose(t.loc["1x4096", "run2"], 0.9 / 0.4)
     f = speed.held_in_runs(t, 1.2, "fast 1.2x FLA")
-    assert f.numbers["every"] == 2 and f.numbers["per_shape"] == {"1x512": 3, "1x4096": 2}
-    assert "2 of 3" in f.claim
+    assert isinstance(f, Summary) and f.numbers["every"] == 2 and f.numbers["per_shape"] == {"1x512": 3, "1x4096": 2}
+    assert "2 of 3" in f.text
     with pytest.raises(AssertionError, match="lacks"):
         speed.held_in_runs(t.assign(run3=[4.0, float("nan")]), 1.2, "x")
 
 
 def test_eager_over_graph_and_paired_hides_host(tmp_path):
-    paths = {}
-    for name, fla_ms, method in (("w1", 0.9, None), ("w2", 0.6, None), ("p1", 0.32, "paired"),
-                                 ("s1", 0.81, "synced")):
-        df = _bench([("fla", 4096, fla_ms, 0.3), ("fast", 4096, 0.3, 0.29)])
-        if method:
-            df["eager_samples"] = 100
-        if method == "synced":
-            df["eager_method"] = "synced"
-        df.to_csv(tmp_path / f"{name}.csv", index=False)
-        paths[name] = tmp_path / f"{name}.csv"
-    t = speed.eager_over_graph(paths, "fla", "1x4096")
-    assert list(t.method) == ["windows", "windows", "paired", "synced"]
+    rows = []
+    for name, fla_ms, method in (("w1", 0.9, "windows"), ("w2", 0.6, "windows"), ("p1", 0.32, "paired"),
+                                 ("s1", 0.81, "synced"), ("r1", 0.75, "rounds")):
+        _bench([("fla", 4096, fla_ms, 0.3), ("fast", 4096, 0.3, 0.29)]).to_csv(tmp_path / f"{name}.csv", index=False)
+        rows.append(dict(run_id=name, file=tmp_path / f"{name}.csv", timing_method=method))
+    t = speed.eager_over_graph(pd.DataFrame(rows), "fla", "1x4096")
+    assert list(t.method) == ["windows", "windows", "paired", "synced", "rounds"]
     assert math.isclose(t.loc["w2", "ratio"], 2.0)
     f = speed.paired_hides_host(t, "fla", "1x4096")
     assert math.isclose(f.numbers["paired_max"], 0.32 / 0.3) and math.isclose(f.numbers["others_min"], 2.0)
     assert "1 run sampled paired, each call from an idle GPU" in f.claim
+    assert "2.50x in the 1 run timed in interleaved do_bench rounds" in f.claim
     assert "2.70x in the 1 run" in f.claim and "2.00-3.00x in the 2 runs timed in do_bench windows" in f.claim
     t.loc["p1", "ratio"] = 2.5  # a paired run no closer to graph time than a windowed one
     with pytest.raises(AssertionError, match="separate"):

@@ -1,0 +1,70 @@
+"""gdnlab.runs: the committed registry matches its folders, and queries choose runs by their facts."""
+import json
+
+import pandas as pd
+import pytest
+
+from gdnlab import runs
+
+DEVICES = sorted(p.name for p in runs.data_dir().parent.iterdir() if p.is_dir())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_registry_lists_every_folder_and_each_folder_holds_its_run(device):
+    reg = runs.runs(device)
+    folders = sorted(p.name for p in runs.data_dir(device).iterdir() if p.is_dir())
+    assert sorted(reg.run_id) == folders and reg.run_id.is_unique
+    assert set(reg.timing_method) <= set(runs.TIMING_METHODS)
+    for r in reg.itertuples():
+        d = runs.data_dir(device) / r.run_id
+        assert r.run_id.startswith(r.utc_time.strftime("%Y-%m-%dT%H%M-")), r.run_id
+        assert not [p for p in d.iterdir() if p.is_dir()], f"{r.run_id}: files sit directly in the run folder"
+        env = json.loads((d / "env.json").read_text())
+        assert (env["device"], env["torch"], env["triton"]) == (r.device, r.torch, r.triton), r.run_id
+        if r.driver:
+            assert r.driver in env["nvidia_smi"], r.run_id
+        for csv in d.glob("*.csv"):  # rows stamped by a run carry that run's env date: no file mixes runs
+            head = pd.read_csv(csv, nrows=0).columns
+            if "date" in head:
+                assert set(pd.read_csv(csv, usecols=["date"]).date) == {env["date"]}, f"{r.run_id}/{csv.name}"
+
+
+def _registry(tmp_path, rows):
+    d = tmp_path / "gpu"
+    d.mkdir()
+    pd.DataFrame([dict(dict.fromkeys(runs.COLUMNS, ""), **r) for r in rows]).to_csv(d / "RUNS.csv", index=False)
+    for r in rows:
+        (d / r["run_id"]).mkdir()
+        (d / r["run_id"] / "bench.csv").write_text("backend,ms\nfast,1.0\n")
+    return d
+
+
+def test_latest_picks_by_time_and_filters(tmp_path, monkeypatch):
+    d = _registry(tmp_path, [  # listed out of time order on purpose
+        dict(run_id="b", utc_time="2026-01-02T00:00:00Z", purpose="bench: later", timing_method="synced"),
+        dict(run_id="a", utc_time="2026-01-01T00:00:00Z", purpose="bench: earlier", timing_method="windows"),
+        dict(run_id="c", utc_time="2026-01-03T00:00:00Z", purpose="variants: latest", timing_method="rounds")])
+    (d / "a" / "host.csv").write_text("x\n1\n")
+    monkeypatch.setattr(runs, "data_dir", lambda device="gpu": tmp_path / device)
+    assert list(runs.runs("gpu").run_id) == ["a", "b", "c"]
+    assert runs.latest("gpu", purpose="bench", has="bench.csv") == "b"
+    assert runs.latest("gpu") == "c"
+    assert runs.latest("gpu", has="host.csv") == "a"
+    assert list(runs.select("gpu", purpose=("bench", "variants"), since="b").run_id) == ["b", "c"]
+    assert list(runs.select("gpu", timing_method="windows").run_id) == ["a"]
+    assert list(runs.select("gpu", before="b").run_id) == ["a"]
+    assert runs.load("b", "bench.csv", "gpu").ms.tolist() == [1.0]
+    with pytest.raises(runs.RunError, match="no gpu run with purpose 'conformance'"):
+        runs.latest("gpu", purpose="conformance")
+
+
+def test_errors_name_the_run_and_the_file(tmp_path, monkeypatch):
+    _registry(tmp_path, [dict(run_id="a", utc_time="2026-01-01T00:00:00Z", purpose="bench: x")])
+    monkeypatch.setattr(runs, "data_dir", lambda device="gpu": tmp_path / device)
+    with pytest.raises(runs.RunError, match="run 'nope' is not in"):
+        runs.path("nope", "bench.csv", "gpu")
+    with pytest.raises(runs.RunError, match=r"run 'a' has no 'host.csv' \(it holds \['bench.csv'\]\)"):
+        runs.load("a", "host.csv", "gpu")
+    with pytest.raises(runs.RunError, match="no run registry for device 'tpu'"):
+        runs.runs("tpu")
+    assert runs.kind("bench: a: b") == "bench"
