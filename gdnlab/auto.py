@@ -32,6 +32,8 @@ from typing import Any
 
 import torch
 
+from gdnlab.registry import BACKENDS, chunk_gated_delta_rule
+
 #: A call captured in a CUDA graph with tokens in [GRAPH_FLA[0], GRAPH_FLA[1]) goes to fla; None: no such sizes.
 GRAPH_FLA: tuple[int, int] | None = None
 #: The lab's backend the rule falls back on.
@@ -57,8 +59,6 @@ def auto_backend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Ten
                  **kw: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Run the backend `choose` names for this call (same signature as every backend), through the public entry
     point, which validates the inputs unless that backend does."""
-    from gdnlab.backends import BACKENDS, chunk_gated_delta_rule
-
     on_cuda = q.is_cuda
     capturing = on_cuda and torch.cuda.is_current_stream_capturing()
     tokens = int(q.shape[0] * q.shape[1])

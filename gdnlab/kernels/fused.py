@@ -14,14 +14,10 @@ import triton
 import triton.language as tl
 
 from gdnlab.interp import launch
-from gdnlab.kernels.prologue import BT, ChunkPlan, Prologue
+from gdnlab.kernel_params import BT
+from gdnlab.kernels.prologue import ChunkPlan, Prologue
 from gdnlab.kernels.tiles import (absorb_all, chunk_output, gated_delta, inter_and_scores, load_rows, load_state,
                                   store_rows, store_state, w_times_h)
-
-#: The switches of the kernel as it shipped and as fixed (the options of `fused`).
-SHIPPED = dict(downcast=True, intra_vnew=False)
-FIXED = dict(downcast=True, intra_vnew=True)
-
 
 @triton.jit
 def _tile_terms(qh, kh, wh, rows, mrow, sqk, sw, k0, s, K: tl.constexpr, DOWNCAST: tl.constexpr):

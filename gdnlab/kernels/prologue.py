@@ -2,7 +2,7 @@
 beta.K.K^T, its unit-lower-triangular inverse T = (I + A)^-1, and the WY factors W = T(beta exp(G) K), U = T(beta V).
 
 Rounding (DESIGN.md section 3): G and A are fp32; T is solved in fp32 and rounded to bf16; W and U are stored bf16.
-BT is fixed at 64 (the solve works on four 16-row blocks).
+BT is gdnlab.kernel_params.BT.
 """
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import triton
 import triton.language as tl
 
 from gdnlab.interp import launch
+from gdnlab.kernel_params import BT
 from gdnlab.kernels.tiles import as_index, l2_norm_of_rows, load_rows, store_rows
 
-BT = 64
 #: How the prologue finishes T = (I + A)^-1 after its 16x16 diagonal blocks (see _solve).
 SOLVE = "blocks"
 #: Every way of finishing it that _solve knows.
