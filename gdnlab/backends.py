@@ -34,14 +34,14 @@ def _reference(q, k, v, g, beta, **kw: Any):
 
 def _triton(path: str, by_size: Callable[[int, int, int], dict[str, Any]] | None = None,
             **defaults: Any) -> Backend:
-    """A backend that runs the lab's Triton kernels through gdnlab.kernels.pipeline: `path` is "two_kernel" or "fused". Every path takes the
-    prologue's options too: `prologue_warps` (its num_warps) and `fuse_norm` (the q/k l2-norm inside the prologue
-    instead of two launches of its own). The two-kernel path also takes `norm_q_in_output` (q's l2-norm inside the
-    output kernel: one launch and one pass over q fewer) and `index64` (int64 indices in its kernels; default:
-    only where a buffer has 2^31 elements or more). `by_size(programs, walkers, sms)` gives defaults that depend
-    on the call: programs = chunks x value heads (the prologue's grid), walkers = the state kernel's programs
-    (sequences x value heads x V tiles), sms = the device's multiprocessors. Options
-    passed to the call override both."""
+    """A backend that runs the lab's Triton kernels through gdnlab.kernels.pipeline: `path` is "two_kernel" or
+    "fused". Every path takes the prologue's options too: `prologue_warps` (its num_warps) and `fuse_norm` (the q/k
+    l2-norm inside the prologue instead of two launches of its own). The two-kernel path also takes
+    `norm_q_in_output` (q's l2-norm inside the output kernel: one launch and one pass over q fewer) and `index64`
+    (int64 indices in its kernels; default: only where a buffer has 2^31 elements or more). `by_size(programs,
+    walkers, sms)` gives defaults that depend on the call: programs = chunks x value heads (the prologue's grid),
+    walkers = the state kernel's programs (sequences x value heads x V tiles), sms = the device's
+    multiprocessors. Options passed to the call override both."""
 
     def run(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
             use_qk_l2norm_in_kernel=False, cu_seqlens=None, state_v_first=False, **options: Any):
@@ -120,14 +120,14 @@ register_backend("two_kernel", _triton("two_kernel"))
 register_backend("fused_shipped", _triton("fused", **SHIPPED))
 register_backend("fused_fixed", _triton("fused", **FIXED))
 #: "fast": the fastest config of each stage that is bit-equal to the default on the H200 (reports/h200/stages.csv;
-#: benchmarks/NOTES.md item 10): the state kernel at BV = 32 (128 programs for 132 SMs), the output kernel at
+#: docs/speed-notes.md item 10): the state kernel at BV = 32 (128 programs for 132 SMs), the output kernel at
 #: BV = 128 (one program per chunk and head, Q.K^T computed once); the prologue's warps and where q is normalised
 #: follow the call's size (fast_by_size).
 FAST = dict(BV=32, num_warps=4, out_BV=128, out_warps=4)
 
 
 def fast_by_size(programs: int, walkers: int, sms: int) -> dict[str, Any]:
-    """fast's size-dependent options (benchmarks/NOTES.md items 12 and 17; reports/h200/variants_small.csv and
+    """fast's size-dependent options (docs/speed-notes.md items 12 and 17; reports/h200/variants_small.csv and
     variants_depth.csv). With at most two prologue programs per multiprocessor each program's latency is the time,
     and 4 warps hide more of it than 2 (512 tokens: 12% faster); above that 2 warps leave room for more resident
     programs (1024 tokens: 10% faster). Up to four programs per multiprocessor, q's l2-norm inside the output

@@ -1,10 +1,11 @@
 """Static check of tl.dot shapes against each target's matrix instructions, before anything is compiled.
 
 Every lab kernel issues a fixed set of `tl.dot` sites whose shapes follow from the tile sizes of
-gdnlab.kernel_params (BT rows per chunk, K_TILE-wide K tiles, BV-wide V tiles). `kernel_dots` lists them (read off the kernel source); `INSTRUCTIONS` holds, as
-data, the matrix instructions each target has; `check_dot_shapes` says which dots fall below every instruction of
-their operand type (the autotune configs a target cannot serve natively) and which have no instruction at all (an
-FMA loop by design, e.g. fp32 dots with input_precision="ieee" on NVIDIA).
+gdnlab.kernel_params (BT rows per chunk, K_TILE-wide K tiles, BV-wide V tiles). `kernel_dots` lists them (read off
+the kernel source); `INSTRUCTIONS` holds, as data, the matrix instructions each target has; `check_dot_shapes`
+says which dots fall below every instruction of their operand type (the autotune configs a target cannot serve
+natively) and which have no instruction at all (an FMA loop by design, e.g. fp32 dots with input_precision="ieee"
+on NVIDIA).
 
 What a Triton release *does* with a small dot differs between releases and targets: `FRONTEND_MIN` is the shape
 assertion `tl.dot` itself makes (read from each release's source), `SMALL_DOT_LOWERING` what the backend then does

@@ -214,7 +214,8 @@ def decay_grid(decays: Sequence[float | None], n_chunks: Sequence[int], backends
                **options: Any) -> pd.DataFrame:
     """:func:`seq_len_sweep` (with an initial state) at each gate decay strength and ``seq_len = 64 * n_chunks``.
 
-    A decay of None keeps ``problem.regime``'s own gate (the "cutedsl" regime's is fast, mean(-g) about 8).
+    A decay of None keeps ``problem.regime``'s own gate (the "cutedsl" regime's is fast, mean(-g) about 7.7;
+    docs/design.md §6).
     """
     frames = []
     for d in _bar(decays, len(decays), "decay grid", progress):

@@ -1,6 +1,6 @@
 """Run the lab's Triton kernels anywhere: compiled on CUDA, or through Triton's interpreter on CPU.
 
-Triton's interpreter stores bf16 as raw uint16 and then gets bf16 wrong (DESIGN.md section 4): `tl.dot` multiplies
+Triton's interpreter stores bf16 as raw uint16 and then gets bf16 wrong (docs/design.md §7): `tl.dot` multiplies
 the bit patterns, elementwise arithmetic and comparisons act on the bits, and fp32->bf16 casts truncate. The
 numerics layer here patches the interpreter's builder for the duration of a launch so that CPU runs round the way a
 GPU does: bf16 operands are decoded exactly, dots accumulate through a pluggable matrix-unit model (default: exact

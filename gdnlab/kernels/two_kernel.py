@@ -1,5 +1,5 @@
 """The two-kernel path: a state kernel that walks the chunks and stores each chunk's state and V_new in bf16,
-then an output kernel that runs every chunk in parallel from those bf16 copies (DESIGN.md section 3)."""
+then an output kernel that runs every chunk in parallel from those bf16 copies (docs/design.md §3-§4)."""
 from __future__ import annotations
 
 import torch
