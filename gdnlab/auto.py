@@ -1,6 +1,6 @@
 """The "auto" backend: a written rule that picks the fastest correct backend for a call from its shape and context,
 without timing anything per call. The rule and the measurements it rests on (H200, Qwen3-Next layer shape) are in
-docs/speed-notes.md (items 12-15 and 19-20, and "How auto's rule came to be").
+docs/speed-notes.md (items 12-15 and 19-20, and "auto's rule" under "How the code came to be as it is").
 
 - Replayed in a CUDA graph only device time counts, and there the lab's fast is at or below FLA's time at every
   measured size, so no captured size goes to FLA (``GRAPH_FLA`` is None). FLA's time depends on what its autotuner
