@@ -31,10 +31,11 @@ from tqdm import tqdm
 
 from gdnlab import metrics
 from gdnlab.cases import ISOLATION, Case
-from gdnlab.experiments import BT, REPORT_ISOLATION, REPORT_SEQ_LEN, Problem, check_written, env_columns, reference
+from gdnlab.experiments import REPORT_ISOLATION, REPORT_SEQ_LEN, Problem, check_written, env_columns, reference
 from gdnlab.findings import Finding
 from gdnlab.inputs import GDNInputs, make_inputs
 from gdnlab.interp import dot_model
+from gdnlab.kernel_params import BT, FUSED_VARIANTS, FusedVariant
 from gdnlab.mma import MODELS
 
 __all__ = [
@@ -50,36 +51,38 @@ __all__ = [
 
 @dataclass(frozen=True)
 class Variant:
-    """One kernel configuration: ``backend`` (the public name it corresponds to) and the fused switches."""
+    """One kernel configuration: ``backend`` (the public name it corresponds to) and, for the fused kernel, its
+    entry of :data:`gdnlab.kernel_params.FUSED_VARIANTS`."""
 
     name: str
     backend: str
-    downcast: bool | None = None
-    intra_vnew: bool | None = None
+    fused: FusedVariant | None = None
 
     @property
     def path(self) -> str:
         """"two_kernel" or "fused"."""
-        return "two_kernel" if self.backend == "two_kernel" else "fused"
+        return "two_kernel" if self.fused is None else "fused"
+
+    @property
+    def downcast(self) -> bool | None:
+        return None if self.fused is None else self.fused.downcast
 
     @property
     def options(self) -> dict[str, Any]:
         """The fused switches as ``chunk_gated_delta_rule`` options (empty for the two-kernel path)."""
-        return {} if self.path == "two_kernel" else dict(downcast=self.downcast, intra_vnew=self.intra_vnew)
+        return {} if self.fused is None else self.fused.options
 
     @property
     def intra_operand(self) -> str | None:
         """The intra-chunk term's operand: "U" (as shipped) or "V_new" (fixed); None for the two-kernel path."""
-        return None if self.intra_vnew is None else ("V_new" if self.intra_vnew else "U")
+        return None if self.fused is None else self.fused.intra_operand
 
 
-#: The baseline, the shipped and fixed fused kernels, and each with the bf16 downcast of the state switched off.
+#: The baseline, then every named variant of the fused kernel (as shipped, fixed, each without the downcast), each
+#: run through the public fused backend whose intra-chunk operand it shares.
 VARIANTS: dict[str, Variant] = {v.name: v for v in (
     Variant("two_kernel", "two_kernel"),
-    Variant("fused_shipped", "fused_shipped", downcast=True, intra_vnew=False),
-    Variant("fused_fixed", "fused_fixed", downcast=True, intra_vnew=True),
-    Variant("fused_shipped_no_downcast", "fused_shipped", downcast=False, intra_vnew=False),
-    Variant("fused_fixed_no_downcast", "fused_fixed", downcast=False, intra_vnew=True),
+    *(Variant(f.name, "fused_fixed" if f.intra_vnew else "fused_shipped", f) for f in FUSED_VARIANTS.values()),
 )}
 #: The three public backends.
 BASIC: tuple[str, ...] = ("two_kernel", "fused_shipped", "fused_fixed")
@@ -145,41 +148,21 @@ def run_variants(inputs: GDNInputs, variants: Sequence[str] = ABLATION, *, BV: i
     """Run each variant on ``inputs`` under the current dot model, sharing one prologue run; outputs and
     intermediates are pre-filled with NaN (poison) and checked fully written. Returns ``{name: (o, final state)}``,
     bit-equal to ``chunk_gated_delta_rule(..., backend=variant.backend, poison=True, **variant.options)``."""
-    from gdnlab.kernels import ChunkPlan, alloc, fused, run_prologue, two_kernel
-    from gdnlab.validate import check_inputs
+    from gdnlab.kernels import pipeline
 
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown:
         raise ValueError(f"variants: unknown {unknown}; known: {list(VARIANTS)}")
     kw = inputs.kwargs()
-    p = check_inputs(kw["q"], kw["k"], kw["v"], kw["g"], kw["beta"], scale=kw["scale"],
-                     initial_state=kw["initial_state"], cu_seqlens=kw["cu_seqlens"], state_v_first=False,
-                     output_final_state=True, use_qk_l2norm_in_kernel=kw["use_qk_l2norm_in_kernel"])
-    if p.device.type != "cpu":
+    x = pipeline.flatten(**kw)
+    if x.problem.device.type != "cpu":
         raise ValueError("inputs: matrix-unit models apply to interpreted (CPU) runs only")
-    tokens = p.B * p.T
-
-    def flat(x: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
-        return x.reshape(tokens, *x.shape[2:]).to(dtype or x.dtype).contiguous()
-
-    plan = ChunkPlan.build(p.seq_bounds, p.device)
-    vf = flat(inputs.v)
-    pro = run_prologue(flat(inputs.q), flat(inputs.k), vf, flat(inputs.g, torch.float32), flat(inputs.beta), plan,
-                       kw["use_qk_l2norm_in_kernel"], True)
-    h0 = inputs.initial_state.contiguous() if inputs.initial_state is not None else None
-    end = p.seq_bounds[-1][1] if p.seq_bounds else 0
+    pro = pipeline.prologue(x, kw["use_qk_l2norm_in_kernel"], poison=True)
     out = {}
     for name in variants:
         v = VARIANTS[name]
-        o = alloc((tokens, p.HV, p.V), p.dtype, p.device, True)
-        ht = alloc((p.N, p.HV, p.K, p.V), torch.float32, p.device, True)
-        if v.path == "fused":
-            fused(pro, vf, o, plan, h0, ht, p.scale, False, BV=BV, downcast=v.downcast, intra_vnew=v.intra_vnew)
-        else:
-            two_kernel(pro, vf, o, plan, h0, ht, p.scale, False, BV=BV, poison=True)
-        if end < tokens:
-            o[end:] = 0
-        o = o.view(p.B, p.T, p.HV, p.V)
+        o, ht = pipeline.state_and_outputs(x, pro, v.path, output_final_state=True, state_v_first=False, BV=BV,
+                                           poison=True, **v.options)
         check_written(o, ht, inputs, name)
         out[name] = (o, ht)
     return out
@@ -251,7 +234,8 @@ def seq_len_table(models: Sequence[str] = ALL_MODELS, seq_lens: Sequence[int] = 
 
 
 #: Each downcast-off variant's counterpart with the downcast on.
-_DOWNCAST_ON: dict[str, str] = {"fused_shipped_no_downcast": "fused_shipped", "fused_fixed_no_downcast": "fused_fixed"}
+_DOWNCAST_ON: dict[str, str] = {f.name: g.name for f in FUSED_VARIANTS.values() for g in FUSED_VARIANTS.values()
+                                if not f.downcast and g.downcast and f.intra_vnew == g.intra_vnew}
 
 
 def _report_seq(backend: str, n: int) -> float:
@@ -393,7 +377,7 @@ def errors_view(seq: pd.DataFrame, variants: Sequence[str] = BASIC) -> pd.DataFr
 
 def ablation_view(seq: pd.DataFrame) -> pd.DataFrame:
     """Rows model, columns (variant, seq_len): max error of the fused kernels with the downcast on and off."""
-    vs = ["fused_shipped", "fused_shipped_no_downcast", "fused_fixed", "fused_fixed_no_downcast"]
+    vs = sorted(FUSED_VARIANTS, key=lambda n: (FUSED_VARIANTS[n].intra_vnew, not FUSED_VARIANTS[n].downcast))
     d = seq[seq.variant.isin(vs)]
     w = d.pivot_table(index="model", columns=["variant", "seq_len"], values="max_abs_err", aggfunc="first",
                       sort=False)

@@ -1,28 +1,15 @@
-"""The "auto" backend: a written rule, learned from the H200 benchmarks (data/h200/, runs listed in RUNS.csv), that
-picks the fastest correct backend for a call from its shape and context, without timing anything per call.
+"""The "auto" backend: a written rule that picks the fastest correct backend for a call from its shape and context,
+without timing anything per call. The rule and the measurements it rests on (H200, Qwen3-Next layer shape) are in
+docs/speed-notes.md (items 12-15 and 19-20, and "auto's rule" under "How the code came to be as it is").
 
-How the rule was learned (H200, Qwen3-Next layer shape, 2026-12-02/03; benchmarks/NOTES.md items 12-15 and 19):
-- Replayed in a CUDA graph, device time is all that counts. Against the previous fast (int64 indices) FLA was
-  ahead at 1024-2048 tokens in two of three machine starts, so the rule then sent captured calls of 1024-4095
-  tokens to FLA. The fifth run (data/h200/2026-12-02T2231-bench) ran that rule: at 1024 and 2048 tokens auto (FLA)
-  took 1.076x and 1.055x the time of the current fast, which was faster than FLA at every size of that run
-  (0.80-0.95x FLA's time). So no captured size goes to FLA now (``GRAPH_FLA`` is None). FLA's time depends on its
-  autotuner's picks: re-tuned later in the same process it ran 15% (2048 tokens) and 19% (32768) faster than after
-  its first tune, faster than fast there (that run's fla_retune.csv). The window stays a parameter for that case.
-- Called eagerly, FLA pays ~0.8-1.2 ms of host work per call, so every eager call goes to the lab. Below 4096
-  tokens every lab path is host-bound: an eager call's time is the host's span of its launches, so fewer launches
-  win. fast with the q/k l2-norm inside its prologue (``fuse_norm``: three launches instead of four or five,
-  bit-equal) had the lowest median eager time at 512-2048 tokens in the first machine start of the sixth session
-  (0.187 / 0.181 / 0.233 ms; data/h200/2026-12-03T0544-bench), while its heavier prologue costs device time from
-  4096 tokens on (graph 0.463 against fast's 0.295 ms). That was timed in do_bench windows or sampled between other
-  backends' calls, where the GPU was still busy and a call's device time hid behind the host's. Sampled as a lone
-  call from an idle GPU (benchmarks/NOTES.md item 19) an eager call's time is the host's span of its launches plus
-  the device work left after the last one, and at 2048 tokens the fused prologue's extra device time outweighs the
-  launch it saves. Predicted from the eighth session's run, measured in the ninth's (data/h200/2026-12-03T1352-bench,
-  13:52 UTC, 200 samples a backend): at 2048 tokens fast 0.338 ms eagerly, fast with ``fuse_norm``
-  0.353 (graph 0.162 against 0.228), while at 512 and 1024 tokens ``fuse_norm`` was ahead (0.261 / 0.302 against
-  0.281 / 0.324 ms); a second start (data/h200/2026-12-03T1419-bench) agreed. So eager CUDA calls below
-  ``EAGER_FUSE_NORM`` = 2048 tokens run fast with ``fuse_norm``.
+- Replayed in a CUDA graph only device time counts, and there the lab's fast is at or below FLA's time at every
+  measured size, so no captured size goes to FLA (``GRAPH_FLA`` is None). FLA's time depends on what its autotuner
+  picks on its first call; the window stays a parameter for a machine where FLA tunes better.
+- Called eagerly, FLA pays about a millisecond of host work per call, so eager calls go to the lab. Below 2048
+  tokens an eager call's time is mostly the host's span of its launches plus the device work left after the last
+  one; there fast with the q/k l2-norm inside its prologue (``fuse_norm``: one launch fewer, bit-equal) wins, while
+  from 2048 tokens the fused prologue's extra device time costs more than the launch it saves
+  (``EAGER_FUSE_NORM``).
 - A captured varlen call cannot go to FLA (it copies cu_seqlens to the host); without CUDA or without FLA, the
   lab's fast is the only candidate.
 """
@@ -31,6 +18,8 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+
+from gdnlab.registry import BACKENDS, chunk_gated_delta_rule
 
 #: A call captured in a CUDA graph with tokens in [GRAPH_FLA[0], GRAPH_FLA[1]) goes to fla; None: no such sizes.
 GRAPH_FLA: tuple[int, int] | None = None
@@ -57,8 +46,6 @@ def auto_backend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Ten
                  **kw: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Run the backend `choose` names for this call (same signature as every backend), through the public entry
     point, which validates the inputs unless that backend does."""
-    from gdnlab.backends import BACKENDS, chunk_gated_delta_rule
-
     on_cuda = q.is_cuda
     capturing = on_cuda and torch.cuda.is_current_stream_capturing()
     tokens = int(q.shape[0] * q.shape[1])

@@ -14,11 +14,10 @@ from dataclasses import dataclass
 import torch
 
 from gdnlab.inputs import GDNInputs, make_inputs
+from gdnlab.kernel_params import BT
 
-__all__ = ["CHUNK", "Case", "CASES", "ISOLATION", "CASES_BY_NAME", "total_chunks"]
+__all__ = ["Case", "CASES", "ISOLATION", "CASES_BY_NAME", "total_chunks"]
 
-#: Chunk length of the kernels (BT).
-CHUNK = 64
 H, HV, K, V = 4, 8, 128, 128
 
 _F32, _BF16 = torch.float32, torch.bfloat16
@@ -35,8 +34,9 @@ class Case:
     pad: int = 0
     state_dtype: torch.dtype = _F32
     initial_state: bool = True
-    # CuteDSL's q, k, v, beta with a slow gate (mean -g = 0.1 per token): CuteDSL's own gate decays ~6 per token, so
-    # the state carried into a chunk is ~exp(-6) small and the shipped kernel's defect would be invisible.
+    # CuteDSL's q, k, v, beta with a slow gate (mean -g = 0.1 per token): CuteDSL's own gate decays ~7.7 per token
+    # (docs/design.md §6), so almost no state is carried into a chunk and the shipped kernel's defect would be
+    # invisible.
     regime: str = "decay"
     seed: int = 0
 
@@ -60,7 +60,7 @@ class Case:
     @property
     def n_chunks(self) -> int:
         """Chunks over all sequences (what a chunk-walking kernel iterates, per head and V tile)."""
-        return sum(-(-n // CHUNK) for n in self.lengths)
+        return sum(-(-n // BT) for n in self.lengths)
 
 
 def _c(name: str, seed: int, **kw) -> Case:

@@ -1,7 +1,9 @@
 """`gdnlab compile-matrix`: build every lab kernel for Hopper, MI300X and RDNA3.5 without the hardware.
 
 Each build is `triton.compile(ASTSource(...), target=GPUTarget(...))` of one kernel at one autotune config
-(BV, num_warps, num_stages) with the problem sizes H=4, HV=8, K=V=128. A build records: status (ok / error), the
+(BV, num_warps, num_stages) with the problem sizes H=4, HV=8, K=V=128 and exactly the argument types and constexpr
+values the lab's wrapper launches it with (`launch_spec` reads them from a recorded call, so they cannot drift from
+the kernels). A build records: status (ok / error), the
 first line of any error, compiler diagnostics printed on stderr (even when the build succeeds), the matrix
 instructions in the generated assembly (PTX for cuda, AMDGCN for hip), how each tl.dot was lowered (read from the
 TTGIR layouts: wgmma / mma / mfma / wmma / fma), registers, spills and shared memory, and the compile time.
@@ -10,7 +12,8 @@ TTGIR layouts: wgmma / mma / mfma / wmma / fma), registers, spills and shared me
 under older Triton releases, each in a throwaway venv under ~/.cache/gdnlab (never in the repo), to find which
 release reproduces the report's "no matching matrix core intrinsic for wmma version 1" failure.
 
-The build worker (`_build`, `--worker`) imports only the standard library at module level and adapts to the
+The build worker (`_build`, `--worker`) imports only the standard library and gdnlab's standard-library modules at
+module level and adapts to the
 Triton API of each release (GPUTarget and ASTSource's signature changed between 3.0, 3.2 and 3.3).
 """
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import csv
+import functools
 import hashlib
 import json
 import os
@@ -28,9 +32,11 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from dataclasses import dataclass
 from typing import Any, Iterator
 
-from gdnlab.dot_shapes import BV_KERNELS, FUSED_VARIANTS, KERNELS, TARGETS, check_dot_shapes
+from gdnlab.dot_shapes import BV_KERNELS, KERNELS, TARGETS, check_dot_shapes
+from gdnlab.kernel_params import BT, FUSED_VARIANTS, STATE_BVS
 
 ROOT = Path(__file__).resolve().parents[1]
 TABLES = ROOT / "reports" / "tables"
@@ -39,15 +45,18 @@ RELEASES_CSV = TABLES / "compile_matrix_releases.csv"
 CACHE = Path(os.environ.get("GDNLAB_CACHE", Path.home() / ".cache" / "gdnlab"))
 
 #: The shipped fused kernel's autotune space.
-BVS = (8, 16, 32, 64)
+BVS = STATE_BVS
 WARPS = (2, 4)
 STAGES = (2, 3, 4)
-#: Problem sizes every build uses.
-SIZES = dict(H=4, HV=8, K=128, V=128, BT=64)
+#: Problem sizes every build uses (the CuteDSL test's head shape); a 64-token chunk is enough to record launches.
+SIZES = dict(H=4, HV=8, K=128, V=128)
 #: Releases tried by default with --releases all (cp311 manylinux x86_64 wheels exist for each).
 DEFAULT_RELEASES = ("3.0.0", "3.1.0", "3.2.0", "3.3.1", "3.4.0", "3.5.1", "3.6.0", "3.7.1", "3.8.0")
 RELEASE_KERNELS = ("fused_shipped", "fwd_o")
 RELEASE_TARGETS = ("hip:gfx1151", "hip:gfx942")
+#: Kernel names of matrices built before the fused variants had one table of names (read by load_matrix).
+OLD_KERNEL_NAMES = {"fused_nodowncast": "fused_shipped_no_downcast",
+                     "fused_fixed_nodowncast": "fused_fixed_no_downcast"}
 
 MATRIX_COLUMNS = ["target", "kernel", "BV", "num_warps", "num_stages", "status", "error", "diagnostic",
                   "matrix_instr", "dots", "fma_dots", "static_check", "regs", "spills", "shared", "compile_s",
@@ -55,40 +64,59 @@ MATRIX_COLUMNS = ["target", "kernel", "BV", "num_warps", "num_stages", "status",
 RELEASE_COLUMNS = ["release", "target", "kernel", "BV", "num_warps", "num_stages", "status", "error", "diagnostic",
                    "matrix_instr", "dots", "fma_dots", "static_check", "linked", "compile_s"]
 
-# Pointer / scalar types of each kernel's runtime arguments (everything else is a constexpr).
-_ARGS: dict[str, tuple[str, str, dict[str, str]]] = {
-    "l2norm": ("gdnlab.kernels.prologue", "l2norm_kernel",
-               dict(x_ptr="*bf16", y_ptr="*bf16", n_rows="i32")),
-    "prologue": ("gdnlab.kernels.prologue", "prologue_kernel",
-                 dict(q_ptr="*bf16", k_ptr="*bf16", v_ptr="*bf16", g_ptr="*fp32", beta_ptr="*bf16", qn_ptr="*bf16",
-                      kn_ptr="*bf16", gcum_ptr="*fp32", w_ptr="*bf16", u_ptr="*bf16", cu_ptr="*i32",
-                      chunks_ptr="*i32")),
-    "fwd_h": ("gdnlab.kernels.two_kernel", "fwd_h_kernel",
-              dict(k_ptr="*bf16", u_ptr="*bf16", w_ptr="*bf16", gcum_ptr="*fp32", h_ptr="*bf16",
-                   vnew_ptr="*bf16", h0_ptr="*fp32", ht_ptr="*fp32", cu_ptr="*i32", choff_ptr="*i32")),
-    "fwd_o": ("gdnlab.kernels.two_kernel", "fwd_o_kernel",
-              dict(q_ptr="*bf16", k_ptr="*bf16", vnew_ptr="*bf16", gcum_ptr="*fp32", h_ptr="*bf16", o_ptr="*bf16",
-                   cu_ptr="*i32", chunks_ptr="*i32", scale="fp32")),
-}
-for _name in FUSED_VARIANTS:
-    _ARGS[_name] = ("gdnlab.kernels.fused", "fused_kernel",
-                    dict(q_ptr="*bf16", k_ptr="*bf16", u_ptr="*bf16", w_ptr="*bf16", gcum_ptr="*fp32",
-                         o_ptr="*bf16", h0_ptr="*fp32", ht_ptr="*fp32", cu_ptr="*i32", scale="fp32"))
+#: The jit function behind each non-fused kernel name of the matrix (the fused names are FUSED_VARIANTS').
+_KERNEL_FNS = {"l2norm": "l2norm_kernel", "prologue": "prologue_kernel", "fwd_h": "fwd_h_kernel",
+               "fwd_o": "fwd_o_kernel"}
+#: Triton's names for the argument types the wrappers pass.
+_TYPES = {"torch.bfloat16": "*bf16", "torch.float16": "*fp16", "torch.float32": "*fp32", "torch.int32": "*i32",
+          "torch.int64": "*i64"}
 
 
-def constexprs(kernel: str, BV: int | None) -> dict[str, Any]:
-    """The constexpr arguments a build of `kernel` uses (the wrappers' values at H=4, HV=8, K=V=128)."""
-    H, HV, K, V, BT = (SIZES[k] for k in ("H", "HV", "K", "V", "BT"))
-    if kernel == "l2norm":
-        return dict(D=K, BD=K, BR=16)
-    if kernel == "prologue":
-        return dict(H=H, HV=HV, K=K, V=V, KP=K, VP=V, BT=BT, NORM=False, SOLVE="blocks")
-    if kernel == "fwd_o":
-        return dict(H=H, HV=HV, K=K, V=V, BV=BV, BT=BT)
-    state = dict(H=H, HV=HV, K=K, V=V, BV=BV, HAS_H0=True, STORE_HT=True, STATE_V_FIRST=False)
-    if kernel == "fwd_h":
-        return dict(state, BT=BT)
-    return dict(state, **FUSED_VARIANTS[kernel], BT=BT)
+@dataclass(frozen=True)
+class LaunchSpec:
+    """What a build compiles: the jit function, the type of each runtime argument and the value of each constexpr,
+    exactly as the lab's wrapper launches it."""
+
+    fn: Any
+    signature: dict[str, str]
+    constexprs: dict[str, Any]
+
+
+def _arg_type(value: Any) -> str:
+    import torch
+    if isinstance(value, torch.Tensor):
+        return _TYPES[str(value.dtype)]
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"a runtime argument of type {type(value).__name__} has no Triton type here")
+    return "fp32" if isinstance(value, float) else "i32"
+
+
+@functools.lru_cache(maxsize=None)
+def launch_spec(kernel: str, BV: int | None) -> LaunchSpec:
+    """The arguments the lab's wrapper passes to `kernel` (a name of KERNELS) at BV (None: a BV-free kernel), read
+    from a recorded call of the public entry point on CPU tensors of SIZES (with an initial state, the final state
+    stored, q/k l2-normalised): nothing is run, and nothing is restated here that the kernels or wrappers say."""
+    import torch
+
+    import gdnlab
+    from gdnlab.inputs import make_inputs
+    from gdnlab.interp import recorded_launches
+
+    fused = FUSED_VARIANTS.get(kernel)
+    backend, opts = ("fused_shipped", fused.options) if fused else ("two_kernel", {})
+    inp = make_inputs(B=1, T=BT, **SIZES, seed=0, dtype=torch.bfloat16, state_dtype=torch.float32,
+                      use_qk_l2norm=True)
+    with recorded_launches() as got:
+        gdnlab.chunk_gated_delta_rule(**inp.kwargs(), backend=backend, BV=BV or 64, **opts)
+    name = "fused_kernel" if fused else _KERNEL_FNS[kernel]
+    call = next(c for c in got if c.kernel.__name__ == name)
+    params = list(call.kernel.params)
+    signature = {p.name: _arg_type(a) for p, a in zip(params, call.args)}
+    cx = {k: v for k, v in call.kwargs.items() if k not in ("num_warps", "num_stages")}
+    for p in params:  # constexprs the wrapper leaves at their defaults
+        if p.is_constexpr and p.name not in cx and p.name not in signature:
+            cx[p.name] = p.default
+    return LaunchSpec(call.kernel, signature, cx)
 
 
 def jobs(quick: bool = False, kernels: tuple[str, ...] = KERNELS, targets: tuple[str, ...] = tuple(TARGETS),
@@ -315,7 +343,6 @@ def _amd_resources(gcn: str) -> tuple[str, str]:
 
 def _build(job: dict[str, Any]) -> dict[str, Any]:
     """Compile one job; never raises: failures are recorded in the row."""
-    import importlib
     row: dict[str, Any] = dict(job, status="error", error="", diagnostic="", matrix_instr="", dots="",
                                fma_dots="", regs="", spills="", shared="", linked="", compile_s="")
     t0 = time.perf_counter()
@@ -323,15 +350,14 @@ def _build(job: dict[str, Any]) -> dict[str, Any]:
     try:
         import triton
         row["triton_version"] = triton.__version__
-        mod, fn_name, args = _ARGS[job["kernel"]]
-        fn = getattr(importlib.import_module(mod), fn_name)
+        spec = launch_spec(job["kernel"], job["BV"])
         target = _gpu_target(job["target"])
         if job["target"].startswith("hip"):
             _guard_hip_link()
         _LINK_NOTE.clear()
         with _capture_fds() as stderr:
-            src = _ast_source(fn, args, constexprs(job["kernel"], job["BV"]))
-            k = triton.compile(src, target=target,
+            src = _ast_source(spec.fn, spec.signature, spec.constexprs)
+        k = triton.compile(src, target=target,
                                options=dict(num_warps=job["num_warps"], num_stages=job["num_stages"]))
         asm = k.asm
         row["status"] = "ok"
@@ -418,8 +444,8 @@ def _job_key(j: dict[str, Any]) -> str:
 
 def _priority(j: dict[str, Any]) -> tuple:
     """Build order: the shipped fused kernel first, the costliest (prologue: FMA-loop ieee dots) last."""
-    order = ["fused_shipped", "fwd_o", "fwd_h", "fused_fixed", "fused_nodowncast", "fused_fixed_nodowncast",
-             "l2norm", "prologue"]
+    order = ["fused_shipped", "fwd_o", "fwd_h", *(k for k in FUSED_VARIANTS if k != "fused_shipped"), "l2norm",
+             "prologue"]
     return (order.index(j["kernel"]), j["num_stages"], j["num_warps"], j["BV"] or 0, j["target"])
 
 
@@ -540,6 +566,7 @@ def load_releases(path: str | Path | None = None) -> "Any":
 
 def _typed(df: "Any") -> "Any":
     import pandas as pd
+    df["kernel"] = df["kernel"].replace(OLD_KERNEL_NAMES)
     df["BV"] = pd.to_numeric(df["BV"].replace("", None)).astype("Int64")
     for c in ("num_warps", "num_stages"):
         df[c] = df[c].astype(int)

@@ -1,21 +1,25 @@
 """Static check of tl.dot shapes against each target's matrix instructions, before anything is compiled.
 
-Every lab kernel issues a fixed set of `tl.dot` sites whose shapes follow from the tile sizes (BT = 64 rows per chunk,
-64-wide K tiles, BV-wide V tiles). `kernel_dots` lists them (read off the kernel source); `INSTRUCTIONS` holds, as
-data, the matrix instructions each target has; `check_dot_shapes` says which dots fall below every instruction of
-their operand type (the autotune configs a target cannot serve natively) and which have no instruction at all (an
-FMA loop by design, e.g. fp32 dots with input_precision="ieee" on NVIDIA).
+Every lab kernel issues a fixed set of `tl.dot` sites whose shapes follow from the tile sizes of
+gdnlab.kernel_params (BT rows per chunk, K_TILE-wide K tiles, BV-wide V tiles). `kernel_dots` lists them (read off
+the kernel source); `INSTRUCTIONS` holds, as data, the matrix instructions each target has; `check_dot_shapes`
+says which dots fall below every instruction of their operand type (the autotune configs a target cannot serve
+natively) and which have no instruction at all (an FMA loop by design, e.g. fp32 dots with input_precision="ieee"
+on NVIDIA).
 
 What a Triton release *does* with a small dot differs between releases and targets: `FRONTEND_MIN` is the shape
 assertion `tl.dot` itself makes (read from each release's source), `SMALL_DOT_LOWERING` what the backend then does
 with a dot that has M or N below 16 (serve it with a matrix instruction, padded if need be; fall back to an FMA loop;
 or fail), measured by `gdnlab compile-matrix`. `predict` and `expected_lowering` combine the three.
 
-This module imports nothing but the standard library, so it runs inside the throwaway venvs of older Tritons too.
+This module imports nothing but the standard library (and gdnlab.kernel_params, which is standard library only), so
+it runs inside the throwaway venvs of older Tritons too.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+from gdnlab.kernel_params import BT as _BT, FUSED_VARIANTS, K_TILE, SOLVE_BLOCK
 
 #: Targets of the compile matrix: name -> (backend, arch, warp size).
 TARGETS: dict[str, tuple[str, object, int]] = {
@@ -24,13 +28,7 @@ TARGETS: dict[str, tuple[str, object, int]] = {
     "hip:gfx1151": ("hip", "gfx1151", 32),
 }
 
-#: Kernels of the compile matrix -> the fused kernel's switches (None for the other kernels).
-FUSED_VARIANTS: dict[str, dict[str, bool]] = {
-    "fused_shipped": dict(DOWNCAST=True, INTRA_VNEW=False),
-    "fused_fixed": dict(DOWNCAST=True, INTRA_VNEW=True),
-    "fused_nodowncast": dict(DOWNCAST=False, INTRA_VNEW=False),
-    "fused_fixed_nodowncast": dict(DOWNCAST=False, INTRA_VNEW=True),
-}
+#: Kernels of the compile matrix: the shared and two-kernel kernels, then every named fused variant.
 KERNELS: tuple[str, ...] = ("l2norm", "prologue", "fwd_h", "fwd_o", *FUSED_VARIANTS)
 #: Kernels whose tiles depend on BV (the others compile once per num_warps/num_stages).
 BV_KERNELS: frozenset[str] = frozenset({"fwd_h", "fwd_o", *FUSED_VARIANTS})
@@ -94,7 +92,7 @@ INSTRUCTIONS: dict[str, tuple[Instr, ...]] = {
 }
 
 
-def kernel_dots(kernel: str, BV: int | None = None, K: int = 128, BT: int = 64) -> list[Dot]:
+def kernel_dots(kernel: str, BV: int | None = None, K: int = 128, BT: int = _BT) -> list[Dot]:
     """The tl.dot sites `kernel` issues for one V tile of width BV (K = key dim, BT = chunk rows).
 
     Read off gdnlab/kernels: every K-tile loop repeats the same shapes, so each site is listed once.
@@ -103,14 +101,14 @@ def kernel_dots(kernel: str, BV: int | None = None, K: int = 128, BT: int = 64) 
         raise ValueError(f"kernel: unknown {kernel!r}; known: {', '.join(KERNELS)}")
     if kernel in BV_KERNELS and not isinstance(BV, int):
         raise TypeError(f"BV: {kernel} needs an int BV, got {BV!r}")
-    kt = min(K, 64)  # K is walked in 64-wide register tiles
+    kt = min(K, K_TILE)  # K is walked in register tiles
     if kernel == "l2norm":
         return []
     if kernel == "prologue":
         # Whole-chunk dots (K and V whole, padded to a power of two; V = K here) and the solve's 16x16 products.
         return [
             Dot("beta.K.K^T", BT, BT, K),
-            Dot("block substitution T_ij (ieee)", 16, 16, 16, "fp32"),
+            Dot("block substitution T_ij (ieee)", SOLVE_BLOCK, SOLVE_BLOCK, SOLVE_BLOCK, "fp32"),
             Dot("W = T.(beta exp(G) K)", BT, K, BT),
             Dot("U = T.(beta V)", BT, K, BT),
         ]
@@ -125,12 +123,12 @@ def kernel_dots(kernel: str, BV: int | None = None, K: int = 128, BT: int = 64) 
             Dot("Q.K^T", BT, BT, kt),
             Dot("A.V_new", BT, BV, BT),
         ]
-    sw = FUSED_VARIANTS[kernel]
+    f = FUSED_VARIANTS[kernel]
     return [
-        Dot("Q.h", BT, BV, kt, "bf16" if sw["DOWNCAST"] else "fp32"),
+        Dot("Q.h", BT, BV, kt, "bf16" if f.downcast else "fp32"),
         Dot("Q.K^T", BT, BT, kt),
         Dot("W.h", BT, BV, kt),
-        Dot("A.V_new" if sw["INTRA_VNEW"] else "A.U", BT, BV, BT),
+        Dot(f"A.{f.intra_operand}", BT, BV, BT),
         Dot("V_new^T.K (V-first state update)", BV, kt, BT),
     ]
 
@@ -160,7 +158,7 @@ class ShapeCheck:
 
 
 def check_dot_shapes(target: str, BV: int | None, kernel: str = "fused_shipped", num_warps: int = 4, K: int = 128,
-                     BT: int = 64) -> ShapeCheck:
+                     BT: int = _BT) -> ShapeCheck:
     """Flag the dots of `kernel` at this BV that fall below every matrix instruction of `target`."""
     if target not in INSTRUCTIONS:
         raise ValueError(f"target: unknown {target!r}; known: {', '.join(INSTRUCTIONS)}")
@@ -179,7 +177,7 @@ def check_dot_shapes(target: str, BV: int | None, kernel: str = "fused_shipped",
 
 
 def flag_autotune_configs(target: str, kernel: str, configs: list[dict], K: int = 128,
-                          BT: int = 64) -> list[ShapeCheck]:
+                          BT: int = _BT) -> list[ShapeCheck]:
     """The configs (dicts with BV and num_warps) of an autotune list that `target` cannot serve natively."""
     out = []
     for c in configs:

@@ -28,6 +28,7 @@ from gdnlab import backends as _backends
 from gdnlab import metrics
 from gdnlab.inputs import GDNInputs, make_inputs
 from gdnlab.interp import triton_version
+from gdnlab.kernel_params import BT, FUSED_VARIANTS
 from gdnlab.reference import chunk_gated_delta_rule_ref, recurrent_gated_delta_rule_ref
 
 __all__ = [
@@ -38,8 +39,6 @@ __all__ = [
     "ablation", "save_table",
 ]
 
-#: Chunk length of every kernel.
-BT = 64
 #: The report's first table: seq_len -> (two-kernel max err, fused max err, ratio as printed).
 REPORT_SEQ_LEN: dict[int, tuple[float, float, float]] = {
     63: (4.61e-04, 4.38e-03, 9.5),
@@ -215,7 +214,8 @@ def decay_grid(decays: Sequence[float | None], n_chunks: Sequence[int], backends
                **options: Any) -> pd.DataFrame:
     """:func:`seq_len_sweep` (with an initial state) at each gate decay strength and ``seq_len = 64 * n_chunks``.
 
-    A decay of None keeps ``problem.regime``'s own gate (the "cutedsl" regime's is fast, mean(-g) about 8).
+    A decay of None keeps ``problem.regime``'s own gate (the "cutedsl" regime's is fast, mean(-g) about 7.7;
+    docs/design.md §6).
     """
     frames = []
     for d in _bar(decays, len(decays), "decay grid", progress):
@@ -404,13 +404,9 @@ def isolation_table(cases: Sequence[Any], backends: Sequence[str], *, baseline: 
     return pd.DataFrame(rows)
 
 
-#: The fused kernel's two switches: (downcast, intra_vnew) -> variant label.
-ABLATION_VARIANTS: dict[tuple[bool, bool], str] = {
-    (True, False): "downcast on, intra A·U (as shipped)",
-    (False, False): "downcast off, intra A·U",
-    (True, True): "downcast on, intra A·V_new (fixed)",
-    (False, True): "downcast off, intra A·V_new",
-}
+#: The fused kernel's two switches: (downcast, intra_vnew) -> variant label, for every named variant.
+ABLATION_VARIANTS: dict[tuple[bool, bool], str] = {(f.downcast, f.intra_vnew): f.label
+                                                   for f in FUSED_VARIANTS.values()}
 
 
 def ablation(seq_lens: Sequence[int], *, fused_backend: str = "fused_shipped", baseline: str = "two_kernel",

@@ -1,8 +1,10 @@
-"""The findings the notebooks state, each computed from a table and asserted.
+"""The findings the notebooks state, each computed from a table and asserted, and the summaries they show beside them.
 
-Every function takes a table from :mod:`gdnlab.experiments`, checks one claim, and returns a :class:`Finding` whose
-sentence is written from the same numbers (a notebook displays it as Markdown). When a rerun disagrees, the function
-raises AssertionError with the numbers instead of printing a sentence that is no longer true.
+A finding function takes a table from :mod:`gdnlab.experiments`, checks one claim, and returns a :class:`Finding`
+whose sentence is written from the same numbers (a notebook displays it as Markdown). When a rerun disagrees, it
+raises AssertionError with the numbers instead of printing a sentence that is no longer true. A summary function
+(:class:`Summary`: regime_fit_summary, compare_to_report) only describes its table and asserts nothing about the
+numbers; it is shown as a summary, never as a finding (docs/design.md §9).
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from gdnlab.experiments import ratio_table
 __all__ = [
     "Finding", "reproduces_report", "regime_fit_summary", "ratio_grows_with_chunks", "slow_gate_larger_ratio",
     "final_state_bit_equal", "one_chunk_no_h0_exact", "excess_when_state_enters", "bit_equal_to_baseline",
-    "bv_does_not_matter", "intra_operand_explains", "compare_to_report", "candidate_summary",
+    "bv_does_not_matter", "intra_operand_explains", "compare_to_report", "candidate_summary", "Summary",
 ]
 
 
@@ -28,12 +30,21 @@ class Finding:
 
     claim: str
     numbers: dict[str, Any] = field(default_factory=dict)
+    #: How a notebook labels it.
+    label = "Finding"
 
     def _repr_markdown_(self) -> str:
-        return f"**Finding.** {self.claim}"
+        return f"**{self.label}.** {self.claim}"
 
     def __str__(self) -> str:
         return self.claim
+
+
+@dataclass
+class Summary(Finding):
+    """A description of a table: the sentence and its numbers, with no rule checked (shown as a summary)."""
+
+    label = "Summary (descriptive, not asserted)"
 
 
 def _fail(msg: str, numbers: Any) -> AssertionError:
@@ -78,9 +89,10 @@ def reproduces_report(table: pd.DataFrame, factor: float = 2.0, seq_lens: Sequen
                    + "; ".join(parts) + ".", dict(worst_factor=worst, rows=nums))
 
 
-def regime_fit_summary(fit: pd.DataFrame, factor: float = 2.0) -> Finding:
+def regime_fit_summary(fit: pd.DataFrame, factor: float = 2.0) -> Summary:
     """Which regimes of :func:`gdnlab.experiments.report_fit` match the report's table within ``factor``, and which
-    comes closest (a description of the grid; asserts only that the grid is not empty)."""
+    comes closest. A summary, not a finding: it ranks whatever the grid holds and asserts only that the grid is not
+    empty (the claim that one regime reproduces the report is :func:`reproduces_report`'s)."""
     if fit.empty:
         raise _fail("regime_fit_summary: empty fit", fit)
     per = (fit.groupby([fit.decay.fillna(-1.0), "h0_scale"], dropna=False)
@@ -91,7 +103,7 @@ def regime_fit_summary(fit: pd.DataFrame, factor: float = 2.0) -> Finding:
                       f"(mean(-g) = {r.gate:.2g})") + f", h0 scale {r.h0_scale:g}"
     ok = [name(r) for r in per.itertuples() if r.worst <= factor]
     far = [f"{name(r)}: worst {r.worst:.1f}x" for r in per.itertuples() if r.worst > factor]
-    return Finding(f"Closest to the report of the {len(per)} regimes tried: {name(best)} (every number within "
+    return Summary(f"Closest to the report of the {len(per)} regimes tried: {name(best)} (every number within "
                    f"{best.worst:.2f}x). Within {factor:g}x on all rows: {', '.join(ok) or 'none'}. "
                    f"Not within {factor:g}x: {'; '.join(far) or 'none'}.",
                    dict(best=name(best), worst_by_regime={name(r): float(r.worst) for r in per.itertuples()}))
@@ -200,15 +212,18 @@ def bit_equal_to_baseline(df: pd.DataFrame, backend: str = "fused_fixed",
                    f"(largest difference 0.0).", dict(worst=worst))
 
 
-def compare_to_report(iso: pd.DataFrame, candidate: str = "fused_shipped", factor: float = 2.0) -> Finding:
-    """How the candidate's isolation errors compare with the report's (a description: the cases whose report
-    value is non-zero, measured / report, and which are within ``factor``)."""
+def compare_to_report(iso: pd.DataFrame, candidate: str = "fused_shipped", factor: float = 2.0) -> Summary:
+    """How the candidate's isolation errors compare with the report's: for the cases whose report value is non-zero,
+    measured / report, and which are within ``factor``. A summary, not a finding: the report ran other inputs on
+    other hardware, so no agreement is asserted; only that there are cases to compare."""
     rows = iso[(iso.backend == candidate) & (iso.report_max_abs_err > 0)]
+    if rows.empty:
+        raise _fail(f"compare_to_report: no {candidate} rows with a report value", list(iso.backend.unique()))
     nums = {r.case: (float(r.max_abs_err), float(r.report_max_abs_err), float(r.max_abs_err / r.report_max_abs_err))
             for r in rows.itertuples()}
     inside = [c for c, v in nums.items() if 1 / factor <= v[2] <= factor]
     parts = "; ".join(f"{c}: {m:.2e} vs report {rep:.2e} ({f:.2f}x)" for c, (m, rep, f) in nums.items())
-    return Finding(f"Against the report's isolation numbers ({candidate}): {parts}. Within {factor:g}x: "
+    return Summary(f"Against the report's isolation numbers ({candidate}): {parts}. Within {factor:g}x: "
                    f"{', '.join(inside) or 'none'}; not within: {', '.join(c for c in nums if c not in inside) or 'none'}.",
                    dict(ratios=nums))
 
@@ -216,7 +231,13 @@ def compare_to_report(iso: pd.DataFrame, candidate: str = "fused_shipped", facto
 # ---------------------------------------------------------------------------------------------- notebook 2: BV
 
 def bv_does_not_matter(bv: pd.DataFrame, backend: str = "fused_shipped", max_spread: float = 1.5) -> Finding:
-    """The backend's output error varies by less than ``max_spread``x across the BVs that ran: not a tiling effect."""
+    """The backend's output error varies by less than ``max_spread``x across the BVs that ran.
+
+    This holds by construction for the lab's kernels: BV only splits the V columns between programs, and no output
+    element's reduction (over K in Q.h, over the chunk's rows in the intra-chunk term) crosses a V tile, so every
+    element is computed by the same operations whatever BV is. It can fail only if a build changes how a dot is
+    lowered at some BV (e.g. an FMA fallback for a small tile), which is what it guards against; it does not test
+    the report's hypothesis that the excess is a tiling effect, which the kernels' structure already rules out."""
     rows = bv[(bv.backend == backend) & (bv.status == "ok")]
     errs = dict(zip(rows.BV.astype(int), rows.max_abs_err.astype(float)))
     if len(errs) < 2:

@@ -100,8 +100,8 @@ def regime_cutedsl(gen: torch.Generator, B: int, T: int, H: int, HV: int, K: int
 
     Gate as a GDN layer computes it: ``g = -exp(A_log) * softplus(a + dt_bias)`` in fp32, with per value head
     ``A_log = log(U(1, 16))`` and ``dt_bias ~ N(0,1)``, and per token and head ``a ~ N(0,1)``. This is a fast gate:
-    mean(-g) is about 7 (it varies from seed to seed with the per-head draws, roughly 4 to 11), so a token's
-    contribution to the state mostly fades within a few tokens. Use ``decay=`` for a slow gate.
+    mean(-g) is about 7.7 per token in expectation, and one draw varies with its per-head values (docs/design.md
+    §6), so a token's contribution to the state mostly fades within a few tokens. Use ``decay=`` for a slow gate.
     """
     q, k, v = _randn(gen, B, T, H, K), _randn(gen, B, T, H, K), _randn(gen, B, T, HV, V)
     beta = torch.sigmoid(_randn(gen, B, T, HV))

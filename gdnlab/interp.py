@@ -1,6 +1,6 @@
 """Run the lab's Triton kernels anywhere: compiled on CUDA, or through Triton's interpreter on CPU.
 
-Triton's interpreter stores bf16 as raw uint16 and then gets bf16 wrong (DESIGN.md section 4): `tl.dot` multiplies
+Triton's interpreter stores bf16 as raw uint16 and then gets bf16 wrong (docs/design.md §7): `tl.dot` multiplies
 the bit patterns, elementwise arithmetic and comparisons act on the bits, and fp32->bf16 casts truncate. The
 numerics layer here patches the interpreter's builder for the duration of a launch so that CPU runs round the way a
 GPU does: bf16 operands are decoded exactly, dots accumulate through a pluggable matrix-unit model (default: exact
@@ -10,6 +10,7 @@ arithmetic is done in fp32 and rounded back. Outside `launch` the interpreter is
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Protocol, Sequence
 
 import numpy as np
@@ -213,9 +214,39 @@ def _interpreting() -> Iterator[None]:
         JITFunction.__call__ = saved
 
 
+@dataclass(frozen=True)
+class Launch:
+    """One kernel launch as a wrapper issued it: the jit function, grid, positional arguments and keyword
+    arguments (constexprs and the launch options num_warps / num_stages)."""
+
+    kernel: JITFunction
+    grid: tuple[int, ...]
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+
+
+_RECORDING: list[list[Launch]] = []
+
+
+@contextlib.contextmanager
+def recorded_launches() -> Iterator[list[Launch]]:
+    """Within the block, :func:`launch` records every launch in the yielded list instead of running it, so that a
+    wrapper's exact arguments can be compiled for another target (gdnlab.compile_matrix) without running it."""
+    got: list[Launch] = []
+    _RECORDING.append(got)
+    try:
+        yield got
+    finally:
+        _RECORDING.pop()
+
+
 def launch(kernel: JITFunction, grid: Sequence[int], *args: Any, device: torch.device | str, **kwargs: Any) -> None:
-    """Launch `kernel` compiled on CUDA, or interpreted with the numerics layer when `device` is the CPU."""
+    """Launch `kernel` compiled on CUDA, or interpreted with the numerics layer when `device` is the CPU (or only
+    record it, inside :func:`recorded_launches`)."""
     global _INTERPRETING
+    if _RECORDING:
+        _RECORDING[-1].append(Launch(kernel, tuple(grid), args, kwargs))
+        return
     if torch.device(device).type == "cuda":
         kernel[tuple(grid)](*args, **kwargs)
         return

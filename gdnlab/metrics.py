@@ -91,7 +91,9 @@ class Budget:
         return ok, errs
 
 
-#: vLLM's CuteDSL GDN prefill test, output o: max abs < 2e-3, mean abs < 6e-5.
+#: The CuteDSL GDN prefill test's budget on the output o: max abs < 2e-3, mean abs < 6e-5. These are the tolerances
+#: the report's test used unchanged; the lab has not found that test's public source, and FlashInfer's GDN prefill
+#: test uses other, elementwise tolerances (docs/design.md §6).
 CUTEDSL_OUTPUT = Budget("cutedsl_output", max_abs=2e-3, mean_abs=6e-5)
 #: Same test, final state (reference state cast to the state dtype first): max abs < 2e-2, mean abs < 6e-4.
 CUTEDSL_STATE = Budget("cutedsl_state", max_abs=2e-2, mean_abs=6e-4)

@@ -16,7 +16,8 @@ it reaches the adapter; the adapter converts the lab's layout to the peer's and 
 (FlashInfer), and otherwise leaves a NaN-filled block of the output's size in torch's caching allocator just before
 the call, so an output element the peer never writes reads back as NaN instead of stale memory.
 
-A peer that cannot run here (package missing, no CUDA, not Hopper) is not registered; :data:`UNAVAILABLE` says why.
+A peer that cannot run here (package missing, no CUDA, not Hopper) is not registered;
+``gdnlab.registry.UNAVAILABLE`` says why, and asking for it raises an error that gives the reason.
 """
 from __future__ import annotations
 
@@ -29,10 +30,9 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-__all__ = ["PEERS", "Peer", "UNAVAILABLE", "peer_status", "implementation", "register_peers"]
+from gdnlab.registry import UNAVAILABLE, register_backend
 
-#: Why each peer that is not registered cannot run here (filled by :func:`register_peers`).
-UNAVAILABLE: dict[str, str] = {}
+__all__ = ["PEERS", "Peer", "peer_status", "implementation", "register_peers"]
 
 
 @dataclass(frozen=True)
@@ -251,12 +251,11 @@ def peer_status() -> dict[str, str]:
             for n in PEERS}
 
 
-def register_peers(register: Callable[[str, Callable], None]) -> None:
-    """Register every peer that can run here through ``register(name, fn)``; record why the others cannot."""
+def register_peers() -> None:
+    """Register every peer that can run here; record why each other one cannot (gdnlab.registry.UNAVAILABLE)."""
     for name, peer in PEERS.items():
         reason = peer.why_not()
         if reason is None:
-            register(name, peer.run)
-            UNAVAILABLE.pop(name, None)
+            register_backend(name, peer.run, overwrite=True)
         else:
             UNAVAILABLE[name] = reason

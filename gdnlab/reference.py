@@ -1,4 +1,4 @@
-"""Float64 ground truth for the gated delta rule (DESIGN.md section 2).
+"""Float64 ground truth for the gated delta rule (docs/design.md §1-§2).
 
 Two forms of the same math, both in float64 on the inputs' device:
 
@@ -24,6 +24,7 @@ from collections.abc import Callable
 
 import torch
 
+from gdnlab.kernel_params import BT
 from gdnlab.validate import Problem, check_inputs
 
 __all__ = ["L2NORM_EPS", "l2norm", "recurrent_gated_delta_rule_ref", "chunk_gated_delta_rule_ref"]
@@ -218,7 +219,7 @@ def recurrent_gated_delta_rule_ref(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Gated delta rule by the per-token recurrence, in float64: the ground truth every backend is measured against.
 
-    Arguments and shapes as :func:`gdnlab.chunk_gated_delta_rule` (DESIGN.md section 6). Returns ``o`` float64
+    Arguments and shapes as :func:`gdnlab.chunk_gated_delta_rule` (docs/design.md §5). Returns ``o`` float64
     ``[B,T,HV,V]`` (padding rows of a ragged buffer are zero) and the float64 final state (``[N,HV,K,V]``, or
     ``[N,HV,V,K]`` with ``state_v_first``) or None. Inputs are validated by :func:`check_inputs` and never modified.
     """
@@ -238,7 +239,7 @@ def chunk_gated_delta_rule_ref(
     use_qk_l2norm_in_kernel: bool = False,
     cu_seqlens: torch.Tensor | None = None,
     state_v_first: bool = False,
-    chunk_size: int = 64,
+    chunk_size: int = BT,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Gated delta rule by the chunked (WY) form, in float64: same result as the recurrence, far faster for long T.
 

@@ -434,7 +434,7 @@ def paired_hides_host(table: pd.DataFrame, backend: str, shape: str) -> Finding:
         span(r, labels.get(m, f"sampled {m}")) for m, r in others.groupby("method").ratio]
     return Finding(f"{backend}'s eager call at {shape} took, over its graph time, {'; '.join(parts)}. Only sampled "
                    f"between the other backends' calls with the GPU still busy did its host work hide behind their "
-                   f"queued device work (benchmarks/NOTES.md items 18 and 19).",
+                   f"queued device work (docs/speed-notes.md items 18 and 19).",
                    dict(paired_max=hi_paired, others_min=lo_others))
 
 

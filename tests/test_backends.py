@@ -85,7 +85,7 @@ def test_fast_size_rule(programs, warps, nq, walkers, deep):
 
 def test_fast_passes_its_size_rule_to_the_kernels(monkeypatch):
     """The rule is applied per call and overridable by the caller's options."""
-    import gdnlab.kernels as kernels
+    import gdnlab.kernels.pipeline as kernels
     seen = []
     real = kernels.run_prologue
     monkeypatch.setattr(kernels, "run_prologue", lambda *a, **kw: seen.append(kw) or real(*a, **kw))

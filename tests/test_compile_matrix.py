@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gdnlab import dot_shapes as ds
+from gdnlab import compile_matrix as cm, dot_shapes as ds
 from gdnlab.compile_matrix import (BVS, MATRIX_CSV, RELEASES_CSV, STAGES, WARPS, dot_lowering, jobs,
                                    matrix_instructions)
 
@@ -52,7 +52,7 @@ def test_fused_dot_shapes_follow_the_tiles():
                     "A.U": (64, 16, 64, "bf16"), V_FIRST: (16, 64, 64, "bf16")}
     fixed = {d.site for d in ds.kernel_dots("fused_fixed", 16)}
     assert "A.V_new" in fixed and "A.U" not in fixed
-    nodown = {d.site: d.operands for d in ds.kernel_dots("fused_nodowncast", 16)}
+    nodown = {d.site: d.operands for d in ds.kernel_dots("fused_shipped_no_downcast", 16)}
     assert nodown["Q.h"] == "fp32"
     assert ds.kernel_dots("l2norm") == []
 
@@ -61,7 +61,7 @@ def test_fp32_ieee_dots_have_no_matrix_instruction_on_nvidia_or_rdna():
     for t in ("cuda:90", "hip:gfx1151"):
         chk = ds.check_dot_shapes(t, None, "prologue")
         assert [d.operands for d in chk.no_instr] == ["fp32"] and chk.ok
-        assert [d.site for d in ds.check_dot_shapes(t, 32, "fused_nodowncast").no_instr] == ["Q.h"]
+        assert [d.site for d in ds.check_dot_shapes(t, 32, "fused_shipped_no_downcast").no_instr] == ["Q.h"]
     assert ds.check_dot_shapes("hip:gfx942", None, "prologue").no_instr == ()
 
 
@@ -138,7 +138,10 @@ def _rows(path: Path) -> list[dict[str, str]]:
     if not path.exists():
         pytest.skip(f"{path.name} not generated yet (gdnlab compile-matrix)")
     with open(path) as f:
-        return list(csv.DictReader(f))
+        rows = list(csv.DictReader(f))
+    for r in rows:
+        r["kernel"] = cm.OLD_KERNEL_NAMES.get(r["kernel"], r["kernel"])
+    return rows
 
 
 def _bv(row: dict[str, str]) -> int | None:
@@ -227,3 +230,19 @@ def test_real_compile_gfx942_fwd_o_bv8(tmp_path, monkeypatch):
     assert "v_mfma_f32_4x4x4_16b_bf16" in row["matrix_instr"]  # the 64x8 tiles, on the 16-block MFMA
     row["triton_version"] = row.get("triton_version", "")
     _agree({k: str(v) for k, v in row.items()}, row["triton_version"])
+
+
+@pytest.mark.parametrize("kernel", cm.KERNELS)
+def test_builds_take_the_arguments_the_wrapper_passes(kernel):
+    """Every build's signature and constexprs cover the jit function's parameters exactly (runtime arguments typed,
+    constexprs valued), come from the wrapper's own launch (int32 indices at this size), and the fused builds carry
+    their variant's switches."""
+    from gdnlab.kernel_params import FUSED_VARIANTS
+    spec = cm.launch_spec(kernel, 16 if kernel in ds.BV_KERNELS else None)
+    params = {p.name: p for p in spec.fn.params}
+    assert set(spec.signature) | set(spec.constexprs) == set(params)
+    assert all(params[n].is_constexpr for n in spec.constexprs)
+    assert not any(params[n].is_constexpr for n in spec.signature)
+    assert spec.constexprs.get("I64", False) is False
+    if kernel in FUSED_VARIANTS:
+        assert {k: spec.constexprs[k] for k in ("DOWNCAST", "INTRA_VNEW")} == FUSED_VARIANTS[kernel].constexprs

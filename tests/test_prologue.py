@@ -19,7 +19,8 @@ def _flat(x: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
 
 def _wy_float64(k, v, g, beta, bounds, H: int, HV: int):
     """T = (I + A)^-1 per chunk in float64 and the WY factors W, U, from the prologue's own bf16 k and its bf16
-    operands (beta K, beta exp(G) K, beta V are rounded to bf16 where DESIGN.md says the kernels round them)."""
+    operands (beta K, beta exp(G) K, beta V are rounded to bf16 where docs/design.md §4 says the kernels round
+    them)."""
     rnd = lambda x: x.to(torch.bfloat16).double()  # noqa: E731
     k, v, g, beta = k.double(), v.double(), g.double(), beta.double()
     tokens, K = k.shape[0], k.shape[2]

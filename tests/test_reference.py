@@ -75,7 +75,7 @@ def test_hand_derived_l2norm_and_default_scale() -> None:
 
 
 def _scalar_reference(inp) -> tuple[list, list]:
-    """An independent pure-Python implementation of DESIGN.md section 2 (dense, one batch row), element by element."""
+    """An independent pure-Python implementation of docs/design.md §1 (dense, one batch row), element by element."""
     q, k, v = inp.q[0].tolist(), inp.k[0].tolist(), inp.v[0].tolist()
     g, beta = inp.g[0].tolist(), inp.beta[0].tolist()
     T, H, K = len(q), len(q[0]), len(q[0][0])

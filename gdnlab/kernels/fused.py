@@ -1,11 +1,14 @@
 """The fused kernel: one program per (V tile, sequence, value head) walks its chunks in order, keeping the state in
-fp32 registers as V-first [BV, 64] tiles (K <= 256) and writing each chunk's output as it goes.
+fp32 registers as V-first [BV, 64] tiles (K <= 256) and writing each chunk's output as it goes (docs/design.md §3).
 
-The candidate causes of the reported inaccuracy are compile-time switches of this one kernel:
-- DOWNCAST: cast the register state to bf16 before the inter-chunk dot Q.h (as the shipped kernel does, to mirror
+The kernel under study shipped in ROCm's ATOM serving stack as atom/model_ops/fla_ops/chunk_fused.py (ROCm/ATOM
+commit f95c85c505041c4e76978747580da2dfa60f5774, PR #906; the report cites a vLLM copy of it, docs/design.md §8).
+This is the lab's own kernel with the same structure; the two choices that decide its accuracy are compile-time
+switches (the named settings are gdnlab.kernel_params.FUSED_VARIANTS; docs/design.md §4):
+- DOWNCAST: round the register state to bf16 before the inter-chunk dot Q.h (as the shipped kernel does, to mirror
   the two-kernel path's bf16 store of h), or feed the fp32 state to that dot.
 - INTRA_VNEW: the intra-chunk term multiplies the masked scores by V_new = U - W.h (as the two-kernel path does), or
-  by the WY output U (as the shipped kernel does).
+  by the WY output U (as the shipped kernel does: its defect).
 """
 from __future__ import annotations
 
@@ -14,14 +17,10 @@ import triton
 import triton.language as tl
 
 from gdnlab.interp import launch
-from gdnlab.kernels.prologue import BT, ChunkPlan, Prologue
+from gdnlab.kernel_params import BT
+from gdnlab.kernels.prologue import ChunkPlan, Prologue
 from gdnlab.kernels.tiles import (absorb_all, chunk_output, gated_delta, inter_and_scores, load_rows, load_state,
                                   store_rows, store_state, w_times_h)
-
-#: The switches of the kernel as it shipped and as fixed (the options of `fused`).
-SHIPPED = dict(downcast=True, intra_vnew=False)
-FIXED = dict(downcast=True, intra_vnew=True)
-
 
 @triton.jit
 def _tile_terms(qh, kh, wh, rows, mrow, sqk, sw, k0, s, K: tl.constexpr, DOWNCAST: tl.constexpr):

@@ -1,8 +1,9 @@
 """The prologue every chunked path shares: optional q/k l2-norm, then per chunk the cumulative gate, the gated
 beta.K.K^T, its unit-lower-triangular inverse T = (I + A)^-1, and the WY factors W = T(beta exp(G) K), U = T(beta V).
 
-Rounding (DESIGN.md section 3): G and A are fp32; T is solved in fp32 and rounded to bf16; W and U are stored bf16.
-BT is fixed at 64 (the solve works on four 16-row blocks).
+Rounding (docs/design.md §4): G and A are fp32; T is solved in fp32 and rounded to bf16; W and U are stored
+bf16.
+BT is gdnlab.kernel_params.BT.
 """
 from __future__ import annotations
 
@@ -13,9 +14,9 @@ import triton
 import triton.language as tl
 
 from gdnlab.interp import launch
+from gdnlab.kernel_params import BT
 from gdnlab.kernels.tiles import as_index, l2_norm_of_rows, load_rows, store_rows
 
-BT = 64
 #: How the prologue finishes T = (I + A)^-1 after its 16x16 diagonal blocks (see _solve).
 SOLVE = "blocks"
 #: Every way of finishing it that _solve knows.
@@ -164,7 +165,7 @@ def prologue_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, qn_ptr, kn_ptr, gcum_p
     t = _solve(a, BT, SOLVE).to(tl.bfloat16)
 
     # k is loaded (and normalised) again rather than kept live across the solve: the form the H200 runs measured;
-    # the Hopper build spills the same 848 B either way (benchmarks/NOTES.md).
+    # the Hopper build spills the same 848 B either way (docs/speed-notes.md).
     kt = _keys(k_ptr + i_h * K, kn_ptr + i_h * K, rows, mrow, first, H * K, K, KP, NORM, False)
     kb = (kt.to(tl.float32) * (beta * tl.exp(g_cum))[:, None]).to(tl.bfloat16)
     store_rows(w_ptr + i_hv * K, rows, mrow, HV * K, 0, tl.dot(t, kb), KP, K)

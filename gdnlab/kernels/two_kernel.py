@@ -1,5 +1,5 @@
 """The two-kernel path: a state kernel that walks the chunks and stores each chunk's state and V_new in bf16,
-then an output kernel that runs every chunk in parallel from those bf16 copies (DESIGN.md section 3)."""
+then an output kernel that runs every chunk in parallel from those bf16 copies (docs/design.md §3-§4)."""
 from __future__ import annotations
 
 import torch
@@ -7,7 +7,8 @@ import triton
 import triton.language as tl
 
 from gdnlab.interp import launch
-from gdnlab.kernels.prologue import BT, ChunkPlan, Prologue, alloc, wide_index
+from gdnlab.kernel_params import BT
+from gdnlab.kernels.prologue import ChunkPlan, Prologue, alloc, wide_index
 from gdnlab.kernels.tiles import (absorb_all, as_index, gated_delta, chunk_output, inter_and_scores,
                                   l2_norm_of_rows, load_rows, load_state, store_rows, store_state, w_times_h)
 

@@ -1,0 +1,79 @@
+"""Speed of every backend at every bench shape: eager (sampled from an idle GPU, backends interleaved) and
+CUDA-graph replay (interleaved rounds), with each lab backend's output checked bit for bit against fast's first."""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+import gdnlab
+from benchmarks.context import Context
+from benchmarks.env import log, stamp
+from benchmarks.inputs import SHAPES, call_kwargs, floor_bytes, input_sets, tokens_of
+from benchmarks.timing import EAGER_METHOD, backend_calls, eager_paired, graph_time
+
+OUTPUT = "bench.csv"
+
+
+def against_fast(kw: dict[str, Any], backends: list[str]) -> dict[str, dict[str, Any]]:
+    """Each lab backend's poisoned output on one input compared with fast's: bit_equal_fast, maxdiff_fast,
+    all_written (or the error it raised)."""
+    import torch
+    o_ref, h_ref = gdnlab.chunk_gated_delta_rule(**kw, backend="fast", poison=True)
+    checks = {}
+    for be in backends:
+        if be == "fla":
+            continue
+        try:
+            o, h = gdnlab.chunk_gated_delta_rule(**kw, backend=be, poison=True)
+            torch.cuda.synchronize()
+            checks[be] = dict(bit_equal_fast=bool(torch.equal(o, o_ref) and torch.equal(h, h_ref)),
+                              maxdiff_fast=float((o.float() - o_ref.float()).abs().max()),
+                              all_written=bool(torch.isfinite(o).all()))
+        except Exception as e:  # noqa: BLE001
+            checks[be] = dict(error=repr(e)[:300])
+    return checks
+
+
+def run(ctx: Context, rounds: int = 3) -> pd.DataFrame:
+    """Every backend at every bench shape. Eager: eager_paired, ms its median and ms_iqr the interquartile range
+    over the median. Graph: `rounds` interleaved rounds of do_bench, graph_ms their median and graph_spread
+    (max - min) / median. Each lab backend's output on the first set is compared bit for bit with fast's
+    (bit_equal_fast)."""
+    import torch
+    backends, bw = ctx.timed(), ctx.bandwidth()
+    rows = []
+    for B, T in SHAPES:
+        sets = input_sets(B, T)
+        tokens = tokens_of(B, T)
+        floor_ms = floor_bytes(sets[0]) / bw * 1e3
+        equal = against_fast(call_kwargs(sets[0], "fast"), backends)
+        calls = {be: backend_calls(be, sets) for be in backends}
+        eager, errors = eager_paired(calls)
+        graphs: dict = {be: [] for be in backends}
+        for _ in range(rounds):
+            for be in backends:
+                if be not in errors:
+                    graphs[be].append(graph_time(calls[be]))
+        for be in backends:
+            if be in errors:
+                rows.append(dict(backend=be, B=B, T=T, tokens=tokens, error=errors[be]))
+                continue
+            ms = float(np.median(eager[be]))
+            g = np.array(graphs[be], dtype=float)
+            gms = float(np.median(g))
+            q1, q3 = np.percentile(eager[be], [25, 75])
+            rows.append(dict(backend=be, B=B, T=T if T else tokens, tokens=tokens, ms=ms, graph_ms=gms,
+                             ms_iqr=float((q3 - q1) / ms), graph_spread=float(np.ptp(g) / gms),
+                             eager_samples=len(eager[be]), eager_method=EAGER_METHOD, rounds=len(g),
+                             seed=f"0..{len(sets) - 1} (rotated sets)",
+                             tokens_per_s=tokens / (min(ms, gms if gms == gms else ms) * 1e-3),
+                             floor_ms=floor_ms, bit_equal_fast=equal.get(be, {}).get("bit_equal_fast"),
+                             error=""))
+            log("bench", be, B, T, round(ms, 4), round(gms, 4), "iqr", round(rows[-1]["ms_iqr"], 3))
+        del sets, calls
+        torch.cuda.empty_cache()
+    df = pd.DataFrame(rows)
+    df["copy_bw_GBps"] = bw / 1e9
+    return stamp(df, ctx.env)

@@ -1,0 +1,45 @@
+"""What a run records about where it ran (env.json and the columns every table row carries), and its log lines."""
+from __future__ import annotations
+
+import datetime
+import subprocess
+import sys
+import time
+from typing import Any
+
+import pandas as pd
+import torch
+import triton
+
+import gdnlab
+from benchmarks.timing import EAGER_METHOD
+
+#: The run's facts every table row carries.
+ENV_KEYS = ("device", "torch", "triton", "date")
+
+
+def stamp(df: pd.DataFrame, env: dict[str, Any]) -> pd.DataFrame:
+    """df with the run's device, torch, Triton and date in every row."""
+    return df.assign(**{k: env[k] for k in ENV_KEYS})
+
+
+def log(*a: Any) -> None:
+    """A timestamped progress line on stdout (flushed, so a killed run keeps it)."""
+    print(f"[{time.strftime('%H:%M:%S')}]", *a, flush=True)
+
+
+def env_info() -> dict[str, Any]:
+    """The device (name, driver, clocks, memory, multiprocessors), the torch, Triton, CUDA and FLA versions, the
+    date, how eager calls are timed, and the registered backends."""
+    smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,clocks.max.sm,memory.total",
+                          "--format=csv,noheader"], capture_output=True, text=True).stdout.strip()
+    try:
+        import fla
+        fla_version = getattr(fla, "__version__", "?")
+    except Exception as e:  # noqa: BLE001
+        fla_version = f"unavailable: {e!r}"
+    p = torch.cuda.get_device_properties(0)
+    return dict(device=torch.cuda.get_device_name(0), nvidia_smi=smi, sms=p.multi_processor_count,
+                torch=torch.__version__, triton=triton.__version__, cuda=torch.version.cuda, fla=fla_version,
+                python=sys.version.split()[0], date=datetime.datetime.now(datetime.timezone.utc).isoformat(),
+                eager_method=EAGER_METHOD, backends=list(gdnlab.BACKENDS))

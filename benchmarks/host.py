@@ -1,0 +1,50 @@
+"""Host time per eager call: at these sizes the host, not the GPU, sets an eager call's pace."""
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pandas as pd
+
+from benchmarks.context import Context
+from benchmarks.env import log, stamp
+from benchmarks.inputs import bench_inputs, call_kwargs
+from benchmarks.timing import host_walls
+
+OUTPUT = "host.csv"
+
+
+def run(ctx: Context, tokens: tuple[int, ...] = (512, 2048), n: int = 300) -> pd.DataFrame:
+    """Host time per eager call: the wall time of `n` back-to-back calls on one input, synchronised once at the
+    end (at these sizes the host, not the GPU, sets the pace), per backend and size; fast's call at the smallest
+    size is profiled with cProfile into host_profile.txt (where the host time goes)."""
+    import cProfile
+    import io
+    import pstats
+
+    import torch
+
+    import gdnlab
+    backends = ctx.timed()
+    rows = []
+    kws = {T: call_kwargs(bench_inputs(1, T, 0), "fast") for T in tokens}
+    for T, kw in kws.items():
+        for be in backends:
+            walls = host_walls(lambda: gdnlab.chunk_gated_delta_rule(**kw, backend=be), n)
+            rows.append(dict(backend=be, B=1, T=T, tokens=T, us_per_call=float(np.median(walls)),
+                             us_min=float(min(walls)), us_max=float(max(walls)), calls=n))
+            log("host", be, T, round(rows[-1]["us_per_call"], 1))
+    kw = kws[tokens[0]]
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(n):
+        gdnlab.chunk_gated_delta_rule(**kw, backend="fast")
+    torch.cuda.synchronize()
+    prof.disable()
+    buf = io.StringIO()
+    pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(30)
+    with open(os.path.join(ctx.out, "host_profile.txt"), "w") as f:
+        f.write(f"fast, B=1 T={tokens[0]}, {n} eager calls, cProfile sorted by tottime\n{json.dumps(ctx.env)}\n")
+        f.write(buf.getvalue())
+    return stamp(pd.DataFrame(rows), ctx.env)

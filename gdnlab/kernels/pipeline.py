@@ -1,0 +1,97 @@
+"""The one assembly of the lab's chunked pipeline: flatten the inputs, run the prologue, walk the state and write the
+outputs (docs/design.md §2-§3). Every caller that runs the lab's kernels (gdnlab.backends, gdnlab.arch_study, the
+device benchmarks) goes through these stage calls; each returns tensors, so a caller can run one stage once and the
+next many times (arch_study shares one prologue between the fused variants).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from gdnlab.kernels.fused import fused
+from gdnlab.kernels.prologue import ChunkPlan, Prologue, alloc, run_prologue
+from gdnlab.kernels.two_kernel import two_kernel
+from gdnlab.validate import Problem, check_inputs
+
+#: The state-and-output stages the pipeline can end with.
+PATHS = ("two_kernel", "fused")
+
+
+@dataclass
+class Flat:
+    """A call's inputs flattened to ``[tokens, heads, D]`` rows (g in fp32), with its chunk plan and initial state."""
+
+    problem: Problem
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    g: torch.Tensor
+    beta: torch.Tensor
+    plan: ChunkPlan
+    h0: torch.Tensor | None
+
+
+def flatten(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, *,
+            scale: float | None = None, initial_state: torch.Tensor | None = None,
+            cu_seqlens: torch.Tensor | None = None, state_v_first: bool = False, output_final_state: bool = False,
+            use_qk_l2norm_in_kernel: bool = False) -> Flat:
+    """Validate a call (gdnlab.validate.check_inputs) and give the kernels' view of it: batch and time merged into
+    one token axis (docs/design.md §5), the chunk plan built."""
+    p = check_inputs(q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
+                     state_v_first=state_v_first, output_final_state=output_final_state,
+                     use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)
+    tokens = p.B * p.T
+
+    def rows(x: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+        return x.reshape(tokens, *x.shape[2:]).to(dtype or x.dtype).contiguous()
+
+    return Flat(p, rows(q), rows(k), rows(v), rows(g, torch.float32), rows(beta),
+                ChunkPlan.build(p.seq_bounds, q.device),
+                initial_state.contiguous() if initial_state is not None else None)
+
+
+def prologue(x: Flat, use_qk_l2norm: bool, poison: bool = False, **options: Any) -> Prologue:
+    """The shared prologue (l2-norm, cumulative gate, A, T, W, U) on flattened inputs; `options` are
+    :func:`gdnlab.kernels.prologue.run_prologue`'s."""
+    return run_prologue(x.q, x.k, x.v, x.g, x.beta, x.plan, use_qk_l2norm, poison, **options)
+
+
+def allocate_outputs(x: Flat, output_final_state: bool, state_v_first: bool,
+                     poison: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The flat output ``[tokens, HV, V]`` in q's dtype and the fp32 final state (or None), NaN-filled with
+    `poison` so that an element no kernel writes stays visible."""
+    p = x.problem
+    o = alloc((p.B * p.T, p.HV, p.V), p.dtype, p.device, poison)
+    ht = None
+    if output_final_state:
+        shape = (p.N, p.HV, p.V, p.K) if state_v_first else (p.N, p.HV, p.K, p.V)
+        ht = alloc(shape, torch.float32, p.device, poison)
+    return o, ht
+
+
+def walk(x: Flat, pro: Prologue, path: str, o: torch.Tensor, ht: torch.Tensor | None, *, state_v_first: bool,
+         BV: int, poison: bool = False, **options: Any) -> None:
+    """Carry the state across the chunks and write the outputs into `o` (and the final state into `ht`) with `path`
+    ("two_kernel": a state kernel then an output kernel; "fused": one kernel); `options` are that path's."""
+    p = x.problem
+    if path == "fused":
+        fused(pro, x.v, o, x.plan, x.h0, ht, p.scale, state_v_first, BV=BV, **options)
+    elif path == "two_kernel":
+        two_kernel(pro, x.v, o, x.plan, x.h0, ht, p.scale, state_v_first, BV=BV, poison=poison, **options)
+    else:
+        raise ValueError(f"path: must be one of {', '.join(PATHS)}, got {path!r}")
+
+
+def state_and_outputs(x: Flat, pro: Prologue, path: str, *, output_final_state: bool, state_v_first: bool,
+                      BV: int, poison: bool = False, **options: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """allocate_outputs, walk, and the padding rows of a ragged buffer zeroed. Returns ``o`` as ``[B, T, HV, V]``
+    and the fp32 final state or None."""
+    p = x.problem
+    o, ht = allocate_outputs(x, output_final_state, state_v_first, poison)
+    walk(x, pro, path, o, ht, state_v_first=state_v_first, BV=BV, poison=poison, **options)
+    end = p.seq_bounds[-1][1] if p.seq_bounds else 0
+    if end < p.B * p.T:
+        o[end:] = 0
+    return o.view(p.B, p.T, p.HV, p.V), ht
