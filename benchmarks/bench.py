@@ -9,8 +9,8 @@ import pandas as pd
 
 import gdnlab
 from benchmarks.context import Context
-from benchmarks.env import log, stamp
-from benchmarks.inputs import SHAPES, call_kwargs, floor_bytes, input_sets, tokens_of
+from benchmarks.env import implementation, log, stamp
+from benchmarks.inputs import SHAPES, call_kwargs, floor_bytes, input_sets, parse_label, tokens_of
 from benchmarks.timing import EAGER_METHOD, backend_calls, eager_paired, graph_time
 
 OUTPUT = "bench.csv"
@@ -22,11 +22,13 @@ def against_fast(kw: dict[str, Any], backends: list[str]) -> dict[str, dict[str,
     import torch
     o_ref, h_ref = gdnlab.chunk_gated_delta_rule(**kw, backend="fast", poison=True)
     checks = {}
+    from gdnlab import peers
     for be in backends:
-        if be == "fla":
+        if parse_label(be)[0] in peers.PEERS:
             continue
         try:
-            o, h = gdnlab.chunk_gated_delta_rule(**kw, backend=be, poison=True)
+            name, opts = parse_label(be)
+            o, h = gdnlab.chunk_gated_delta_rule(**kw, backend=name, poison=True, **opts)
             torch.cuda.synchronize()
             checks[be] = dict(bit_equal_fast=bool(torch.equal(o, o_ref) and torch.equal(h, h_ref)),
                               maxdiff_fast=float((o.float() - o_ref.float()).abs().max()),
@@ -58,13 +60,15 @@ def run(ctx: Context, rounds: int = 3) -> pd.DataFrame:
                     graphs[be].append(graph_time(calls[be]))
         for be in backends:
             if be in errors:
-                rows.append(dict(backend=be, B=B, T=T, tokens=tokens, error=errors[be]))
+                rows.append(dict(backend=be, implementation=implementation(be), B=B, T=T, tokens=tokens,
+                                 error=errors[be]))
                 continue
             ms = float(np.median(eager[be]))
             g = np.array(graphs[be], dtype=float)
             gms = float(np.median(g))
             q1, q3 = np.percentile(eager[be], [25, 75])
-            rows.append(dict(backend=be, B=B, T=T if T else tokens, tokens=tokens, ms=ms, graph_ms=gms,
+            rows.append(dict(backend=be, implementation=implementation(be), B=B, T=T if T else tokens,
+                             tokens=tokens, ms=ms, graph_ms=gms,
                              ms_iqr=float((q3 - q1) / ms), graph_spread=float(np.ptp(g) / gms),
                              eager_samples=len(eager[be]), eager_method=EAGER_METHOD, rounds=len(g),
                              seed=f"0..{len(sets) - 1} (rotated sets)",

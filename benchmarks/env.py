@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import datetime
+import os
 import subprocess
 import sys
 import time
@@ -12,6 +13,7 @@ import torch
 import triton
 
 import gdnlab
+from benchmarks.inputs import parse_label
 from benchmarks.timing import EAGER_METHOD
 
 #: The run's facts every table row carries.
@@ -28,18 +30,25 @@ def log(*a: Any) -> None:
     print(f"[{time.strftime('%H:%M:%S')}]", *a, flush=True)
 
 
+def implementation(label: str) -> str:
+    """What really runs behind a backend label: the peer's distribution, version and dispatch
+    (gdnlab.peers.implementation), or "gdnlab" and the lab backend's name."""
+    from gdnlab import peers
+    name = parse_label(label)[0]
+    return peers.implementation(name) if name in peers.PEERS else f"gdnlab {name}"
+
+
 def env_info() -> dict[str, Any]:
-    """The device (name, driver, clocks, memory, multiprocessors), the torch, Triton, CUDA and FLA versions, the
-    date, how eager calls are timed, and the registered backends."""
+    """The device (name, driver, clocks, memory, multiprocessors), the torch, Triton, CUDA versions, each peer's
+    version or why it cannot run, the commit (GDNLAB_COMMIT, set by whoever sends the tree), the date, how eager
+    calls are timed, and the registered backends."""
+    from gdnlab import peers
     smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,clocks.max.sm,memory.total",
                           "--format=csv,noheader"], capture_output=True, text=True).stdout.strip()
-    try:
-        import fla
-        fla_version = getattr(fla, "__version__", "?")
-    except Exception as e:  # noqa: BLE001
-        fla_version = f"unavailable: {e!r}"
     p = torch.cuda.get_device_properties(0)
-    return dict(device=torch.cuda.get_device_name(0), nvidia_smi=smi, sms=p.multi_processor_count,
-                torch=torch.__version__, triton=triton.__version__, cuda=torch.version.cuda, fla=fla_version,
-                python=sys.version.split()[0], date=datetime.datetime.now(datetime.timezone.utc).isoformat(),
+    return dict(device=torch.cuda.get_device_name(0), driver=(smi.split(",") + ["?", "?"])[1].strip(),
+                nvidia_smi=smi, sms=p.multi_processor_count, torch=torch.__version__, triton=triton.__version__,
+                cuda=torch.version.cuda, peers=peers.peer_status(), commit=os.environ.get("GDNLAB_COMMIT", "?"),
+                python=sys.version.split()[0],
+                date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                 eager_method=EAGER_METHOD, backends=list(gdnlab.BACKENDS))

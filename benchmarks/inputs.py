@@ -11,11 +11,26 @@ DEV = "cuda"
 QWEN = dict(H=16, HV=32, K=128, V=128)
 #: (B, T) of every bench shape; ("varlen", None) is the ragged batch VARLEN.
 SHAPES: list[tuple[Any, Any]] = [(1, 512), (1, 1024), (1, 2048), (1, 4096), (1, 8192), (1, 32768), (1, 65536),
-                                 (8, 2048), ("varlen", None)]
+                                 (8, 2048), (4, 8192), ("varlen", None)]
 #: The ragged batch's sequence lengths (one token to 4096, unaligned to the chunk).
 VARLEN = [3000, 17, 512, 1, 4096, 700, 64, 129, 2048, 333]
 #: The lab's Triton backends (they take poison=True).
 TRITON_BACKENDS = ("two_kernel", "fused_shipped", "fused_fixed", "fast", "auto")
+
+
+def parse_label(label: str) -> tuple[str, dict[str, Any]]:
+    """A backend label as the command line gives it: "fused_fixed[downcast=False;BV=32]" is backend fused_fixed
+    with those options (True/False/ints parsed), a plain name is the backend with none."""
+    if "[" not in label:
+        return label, {}
+    if not label.endswith("]"):
+        raise ValueError(f"backend label: expected NAME[opt=value;...], got {label!r}")
+    name, body = label[:-1].split("[", 1)
+    opts: dict[str, Any] = {}
+    for item in filter(None, body.split(";")):
+        key, _, value = item.partition("=")
+        opts[key] = {"True": True, "False": False}.get(value, int(value) if value.lstrip("-").isdigit() else value)
+    return name, opts
 
 
 def tokens_of(B: Any, T: Any) -> int:
@@ -51,6 +66,6 @@ def input_sets(B: Any, T: Any, set_bytes_target: int = 512 * 1024 ** 2) -> list[
 def call_kwargs(inp: GDNInputs, be: str) -> dict[str, Any]:
     """A call's arguments; the lab's backends get cu_seqlens on the host, which makes a varlen call capturable."""
     kw = inp.kwargs()
-    if kw.get("cu_seqlens") is not None and be != "fla":
+    if kw.get("cu_seqlens") is not None and parse_label(be)[0] != "fla":
         kw["cu_seqlens"] = kw["cu_seqlens"].cpu()
     return kw

@@ -29,6 +29,7 @@ class Experiment:
 
 EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in (
     Experiment("conformance", "conformance", "every case on every backend against the float64 reference"),
+    Experiment("sweep", "sweep", "error vs chunk count to 1024 chunks in the report's regimes, every backend"),
     Experiment("mma_hardware", "mma_hardware", "the Hopper matrix-unit model against the tensor cores"),
     Experiment("prologue", "prologue_variants", "the prologue per solve form, warps and l2-norm placement"),
     Experiment("bench", "bench", "eager and graph time of every backend at every bench shape"),

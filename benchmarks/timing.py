@@ -15,7 +15,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 import gdnlab
-from benchmarks.inputs import DEV, call_kwargs
+from benchmarks.inputs import DEV, call_kwargs, parse_label
 from gdnlab.speed import SYNCED
 
 #: How eager_paired samples, written into bench.csv and env.json (gdnlab.speed.eager_method reads it).
@@ -33,8 +33,10 @@ def copy_bandwidth() -> float:
 
 
 def backend_calls(be: str, sets: Sequence[Any], **opts: Any) -> list[Callable[[], Any]]:
-    """One call per input set, on backend `be`."""
-    return [lambda kw=call_kwargs(x, be): gdnlab.chunk_gated_delta_rule(**kw, backend=be, **opts) for x in sets]
+    """One call per input set, on backend label `be` (a name, or a name with options: inputs.parse_label)."""
+    name, fixed = parse_label(be)
+    opts = {**fixed, **opts}
+    return [lambda kw=call_kwargs(x, be): gdnlab.chunk_gated_delta_rule(**kw, backend=name, **opts) for x in sets]
 
 
 def capture(calls: Sequence[Callable[[], Any]]) -> list[Any]:

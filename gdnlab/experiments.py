@@ -88,7 +88,8 @@ def load_plugins(plugins: Iterable[str]) -> list[str]:
 
 # ------------------------------------------------------------------------------------------------------- running
 
-def _takes_options(fn: Any, name: str) -> bool:
+def takes_option(fn: Any, name: str) -> bool:
+    """Whether backend callable `fn` accepts keyword `name` (a named parameter or **options)."""
     try:
         params = inspect.signature(fn).parameters.values()
     except (TypeError, ValueError):
@@ -120,7 +121,7 @@ def run_backend(inputs: GDNInputs, backend: str, **options: Any) -> tuple[torch.
     import gdnlab
 
     fn = _backends.get_backend(backend)
-    if _takes_options(fn, "poison"):
+    if takes_option(fn, "poison"):
         options = {"poison": True, **options}
     o, ht = gdnlab.chunk_gated_delta_rule(**inputs.kwargs(), backend=backend, **options)
     check_written(o, ht, inputs, backend)

@@ -2,7 +2,7 @@
 benchmarks/h200.py; which run is which is data/<device>/RUNS.csv, read through :mod:`gdnlab.runs`): the tables, the
 issue's targets judged row by row by a rule fixed before the data (:func:`judge`), the findings the data supports
 (:class:`~gdnlab.findings.Finding`, raising when a rerun breaks them), descriptive summaries labelled as such
-(:class:`~gdnlab.summary.Summary`), and the figures."""
+(:class:`~gdnlab.findings.Summary`), and the figures."""
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -15,8 +15,8 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from gdnlab import runs as registry
-from gdnlab.findings import Finding, _fail
-from gdnlab.summary import Summary
+from gdnlab.findings import Finding, Summary, _fail
+
 
 __all__ = ["default_bench", "timing_file", "timed_runs", "load_bench", "load_bench_frame", "speed_table",
            "Verdict", "paired_ratio_interval", "judge", "targets", "meets_target", "target_summary", "fix_is_free",

@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from gdnlab import runs, speed
-from gdnlab.summary import Summary
+from gdnlab.findings import Summary
 
 ENV = dict(device="GPU-X", torch="t", triton="3.6.0", date="d1", floor_ms=0.01, error="")
 
@@ -60,8 +60,8 @@ def test_meets_target_and_summary_show_misses():
         speed.meets_target(tg, "nothing")
     s = speed.target_summary(tg)
     assert isinstance(s, Summary) and s.numbers["auto / fastest (eager)"] == (1, 2)
-    assert "auto / fastest <= 1.05 (eager): met at 1 of 2 sizes; not met at 1x512 1.100x (goal <= 1.05)" in s.text
-    assert "asserts nothing" in s._repr_markdown_()
+    assert "auto / fastest <= 1.05 (eager): met at 1 of 2 sizes; not met at 1x512 1.100x (goal <= 1.05)" in s.claim
+    assert "not asserted" in s._repr_markdown_()
 
 
 def test_findings_hold_or_fail_with_numbers():
@@ -144,7 +144,7 @@ def test_ratio_by_run_and_held_in_runs(tmp_path):
     assert math.isclose(t.loc["1x4096", "run1"], 0.33 / 0.3) and math.isclose(t.loc["1x4096", "run2"], 0.9 / 0.4)
     f = speed.held_in_runs(t, 1.2, "fast 1.2x FLA")
     assert isinstance(f, Summary) and f.numbers["every"] == 2 and f.numbers["per_shape"] == {"1x512": 3, "1x4096": 2}
-    assert "2 of 3" in f.text
+    assert "2 of 3" in f.claim
     with pytest.raises(AssertionError, match="lacks"):
         speed.held_in_runs(t.assign(run3=[4.0, float("nan")]), 1.2, "x")
 
