@@ -87,18 +87,19 @@ register_backend("reference", _reference)
 register_backend("two_kernel", _triton("two_kernel"))
 register_backend("fused_shipped", _triton("fused", **SHIPPED))
 register_backend("fused_fixed", _triton("fused", **FIXED))
-#: "fast": the fastest config of each stage that is bit-equal to the default on the H200 (reports/h200/stages.csv;
-#: docs/speed-notes.md item 10): the state kernel at BV = 32 (128 programs for 132 SMs), the output kernel at
+#: "fast": the fastest config of each stage that is bit-equal to the default on the H200
+#: (data/h200/2026-12-02T2021-stages/stages.csv; docs/speed-notes.md item 10): the state kernel at BV = 32 (128 programs for 132 SMs), the output kernel at
 #: BV = 128 (one program per chunk and head, Q.K^T computed once); the prologue's warps and where q is normalised
 #: follow the call's size (fast_by_size).
 FAST = dict(BV=32, num_warps=4, out_BV=128, out_warps=4)
 
 
 def fast_by_size(programs: int, walkers: int, sms: int) -> dict[str, Any]:
-    """fast's size-dependent options (docs/speed-notes.md items 12 and 17; reports/h200/variants_small.csv and
-    variants_depth.csv). With at most two prologue programs per multiprocessor each program's latency is the time,
-    and 4 warps hide more of it than 2 (512 tokens: 12% faster); above that 2 warps leave room for more resident
-    programs (1024 tokens: 10% faster). Up to four programs per multiprocessor, q's l2-norm inside the output
+    """fast's size-dependent options (docs/speed-notes.md items 12, 17 and 22; the variants runs in data/h200/).
+    With at most two prologue programs per multiprocessor each program's latency is the time, and 4 warps hide
+    more of it than 2 (512 tokens: 12% faster); above that 2 warps leave room for more resident programs (1024
+    tokens: 10% faster), and the prologue's products then round differently from two_kernel's (4 warps), so fast
+    is bit-equal to two_kernel only up to that size. Up to four programs per multiprocessor, q's l2-norm inside the output
     kernel saves a launch (2% faster); above that the heavier output kernel costs more than the pass over q it
     saves (1-2% slower). With at most one state-kernel program per multiprocessor the walk's loop is pipelined 4
     stages deep instead of Triton's 3 (2-3% faster for one sequence of 1024-65536 tokens); with more, the deeper

@@ -70,13 +70,11 @@ class Peer:
 # ---- helpers the adapters share ------------------------------------------------------------------------------
 
 def _need_head_dims(name: str, q: torch.Tensor, v: torch.Tensor, dims: tuple[int, ...]) -> None:
-    """Refuse head sizes the peer does not build, naming the argument."""
+    """Refuse head sizes the peer does not build, naming the argument (the peer's own error would not)."""
     if q.shape[-1] not in dims:
         raise ValueError(f"backend {name!r}: q/k head size K must be one of {dims}, got {q.shape[-1]}")
     if v.shape[-1] not in dims:
         raise ValueError(f"backend {name!r}: v head size V must be one of {dims}, got {v.shape[-1]}")
-    if not q.is_cuda:
-        raise ValueError(f"backend {name!r}: runs on CUDA tensors only; got {q.device.type} tensors")
 
 
 def _poison_allocator(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> None:

@@ -1,0 +1,208 @@
+"""The field's GDN prefill kernels beside the lab's (notebook 08): one row per implementation, the findings the
+device runs support, and issue 20's targets for the lab's fast path, judged by rules fixed before the data.
+
+Inputs are the tables of one device run of ``python -m benchmarks --parts conformance,sweep,bench`` (committed under
+data/<device>/<run_id>/, found through RUNS.csv with purpose "peers"): conformance.csv (every case on every
+backend), sweep.csv (error vs chunk count to 1024 chunks) and bench.csv (eager and graph time).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from gdnlab import runs
+from gdnlab.findings import Finding, Summary, _fail
+from gdnlab.speed import TIMINGS, judge, load_bench_frame
+
+__all__ = ["PEER_NAMES", "load", "in_budget", "growth_slopes", "error_at", "speed_vs_fastest", "field_table",
+           "peers_conform", "growth_like_two_kernel", "most_accurate", "fastest_by_shape", "fast_targets"]
+
+#: The peer backends (gdnlab.peers) as the device tables name them.
+PEER_NAMES = ("fla", "flashqla", "flashinfer")
+#: How much steeper than the two-kernel path's a path's error may grow with chunk count (the slope of
+#: log10(max error) against log10(chunks)) and still count as growing like it: fixed before the peers ran.
+GROWTH_MARGIN = 0.1
+
+
+def load(device: str = "h200") -> dict[str, pd.DataFrame]:
+    """The latest "peers" runs' conformance, sweep and bench tables, each with its run id in column ``run_id``."""
+    out = {}
+    for name in ("conformance", "sweep", "bench"):
+        rid = runs.latest(device, purpose="peers", has=f"{name}.csv")
+        out[name] = runs.load(rid, f"{name}.csv", device).assign(run_id=rid)
+    out["bench"] = load_bench_frame(out["bench"])
+    return out
+
+
+# ---- tables -------------------------------------------------------------------------------------------------------
+
+def in_budget(conf: pd.DataFrame) -> pd.Series:
+    """Per conformance row: output and state in budget, every element written, padding zero, inputs unchanged,
+    and no error raised (NaN or a missing check counts as a failure)."""
+    checks = ["out_ok", "state_ok", "all_written", "padding_zero", "inputs_unchanged"]
+    ok = pd.Series(True, index=conf.index)
+    for c in checks:
+        ok &= conf[c].astype("boolean").fillna(False).astype(bool) if c in conf else False
+    return ok & (conf["error"].fillna("") == "")
+
+
+def growth_slopes(sweep: pd.DataFrame) -> pd.DataFrame:
+    """The slope of log10(max abs error) against log10(chunks) per backend, regime and initial-state setting
+    (least squares over every chunk count of the sweep)."""
+    d = sweep[sweep.error.fillna("") == ""]
+    rows = []
+    for (regime, h0, be), g in d.groupby(["regime", "initial_state", "backend"], sort=False):
+        slope = np.polyfit(np.log10(g.n_chunks), np.log10(g.max_abs_err), 1)[0]
+        rows.append(dict(regime=regime, initial_state=h0, backend=be, slope=float(slope)))
+    return pd.DataFrame(rows)
+
+
+def error_at(sweep: pd.DataFrame, chunks: int, regime: str = "slow_gate") -> pd.Series:
+    """Each backend's worst output max error at `chunks` chunks in `regime`, over the initial-state settings."""
+    d = sweep[(sweep.regime == regime) & (sweep.n_chunks == chunks)]
+    if d.empty:
+        raise ValueError(f"chunks: the sweep has no {regime} rows at {chunks} chunks")
+    return d.groupby("backend", sort=False).max_abs_err.max()
+
+
+def speed_vs_fastest(bench: pd.DataFrame, timing: str) -> pd.DataFrame:
+    """Per shape and backend: time / the fastest backend's time at that shape (NaN where it could not run)."""
+    t = bench.pivot_table(index="shape", columns="backend", values=timing, sort=False)
+    return t.div(t.min(axis=1), axis=0)
+
+
+def _geo(x: pd.Series) -> float:
+    x = x.dropna()
+    return float(np.exp(np.log(x).mean())) if len(x) else math.nan
+
+
+def field_table(conf: pd.DataFrame, sweep: pd.DataFrame, bench: pd.DataFrame, chunks: int = 1024) -> pd.DataFrame:
+    """One row per implementation: what ran, cases in budget, worst errors, error growth, final state bit-equal to
+    the two-kernel path's, and graph / eager time relative to the fastest (geometric mean over shapes and worst)."""
+    ok = conf.assign(ok=in_budget(conf))
+    slopes = growth_slopes(sweep)
+    slow = slopes[slopes.regime == "slow_gate"].groupby("backend").slope.max()
+    err = error_at(sweep, chunks)
+    rel = {tm: speed_vs_fastest(bench, tm) for tm in TIMINGS}
+    rows = []
+    for be, g in ok.groupby("backend", sort=False):
+        row = dict(backend=be, implementation=g.implementation.iloc[0], cases_in_budget=f"{int(g.ok.sum())}/{len(g)}",
+                   worst_out_err=float(g.out_max_abs.max()), worst_state_err=float(g.state_max_abs.max()),
+                   **{f"err_{chunks}_chunks": float(err.get(be, math.nan)), "growth_slope": float(slow.get(be, math.nan))},
+                   state_bit_equal_two_kernel=bool(g.state_bit_equal_two_kernel.astype("boolean").fillna(False).all()))
+        for tm, label in TIMINGS.items():
+            col = rel[tm][be] if be in rel[tm] else pd.Series(dtype=float)
+            row[f"{label}_vs_fastest"] = _geo(col)
+            row[f"{label}_worst"] = float(col.max()) if col.notna().any() else math.nan
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+# ---- findings -------------------------------------------------------------------------------------------------------
+
+def peers_conform(conf: pd.DataFrame, peers: tuple[str, ...] = PEER_NAMES) -> Finding:
+    """Every peer passes every conformance case: output and state in the CuteDSL budgets, every element written,
+    padding rows zero, inputs unchanged. Raises naming each failing (peer, case) otherwise."""
+    d = conf[conf.backend.isin(peers)].assign(ok=lambda x: in_budget(x))
+    missing = set(peers) - set(d.backend)
+    if missing:
+        raise _fail(f"peers_conform: no conformance rows for {sorted(missing)}", sorted(set(conf.backend)))
+    bad = d[~d.ok]
+    if len(bad):
+        raise _fail(f"{len(bad)} peer case(s) fail: " + ", ".join(f"{r.backend}/{r.case}" for r in bad.itertuples()),
+                    bad[["backend", "case", "out_max_abs", "state_max_abs", "error"]].to_dict("records"))
+    worst = d.groupby("backend").out_max_abs.max()
+    return Finding(f"Every peer ({', '.join(peers)}) passes all {d.case.nunique()} cases: outputs and states in "
+                   f"budget, every element written, padding zero, inputs unchanged (worst output error "
+                   + ", ".join(f"{b} {v:.2e}" for b, v in worst.items()) + ").", worst.to_dict())
+
+
+def growth_like_two_kernel(sweep: pd.DataFrame, backends: tuple[str, ...], margin: float = GROWTH_MARGIN,
+                           baseline: str = "two_kernel") -> Finding:
+    """In every regime and initial-state setting, each of `backends` has an error-growth slope at most `margin`
+    above the baseline's (:func:`growth_slopes`)."""
+    s = growth_slopes(sweep).pivot_table(index=["regime", "initial_state"], columns="backend", values="slope")
+    if baseline not in s or not set(backends) <= set(s):
+        raise _fail("growth_like_two_kernel: backends missing from the sweep", list(s.columns))
+    excess = s[list(backends)].sub(s[baseline], axis=0)
+    if (excess > margin).any().any():
+        raise _fail(f"error grows faster than {baseline}'s (slope excess > {margin}) for "
+                    + ", ".join(f"{b} in {r}" for r, row in excess.iterrows() for b, v in row.items() if v > margin),
+                    excess.round(3).to_dict())
+    return Finding(f"Error grows with chunk count like {baseline}'s for {', '.join(backends)}: log-log slopes "
+                   f"{s[list(backends)].min().min():.3f}-{s[list(backends)].max().max():.3f} against "
+                   f"{s[baseline].min():.3f}-{s[baseline].max():.3f}, at most {excess.max().max():+.3f} above it "
+                   f"(rule: <= {margin:+g}) in all {len(s)} regimes.", excess.max().to_dict())
+
+
+def most_accurate(sweep: pd.DataFrame, among: tuple[str, ...], chunks: int = 1024,
+                  regime: str = "slow_gate") -> Finding:
+    """Which of `among` has the smallest worst output error at `chunks` chunks in `regime` (over both initial-state
+    settings), with every backend's number; raises if none of them ran."""
+    err = error_at(sweep, chunks, regime).reindex(list(among)).dropna().sort_values()
+    if err.empty:
+        raise _fail(f"most_accurate: none of {among} in the sweep at {chunks} chunks", sorted(set(sweep.backend)))
+    best = err.index[0]
+    return Finding(f"At {chunks} chunks ({regime.replace('_', ' ')}), {best} is the most accurate of "
+                   f"{', '.join(among)}: max error " + ", ".join(f"{b} {v:.3e}" for b, v in err.items()) + ".",
+                   dict(best=best, **err.to_dict()))
+
+
+def fastest_by_shape(bench: pd.DataFrame) -> Summary:
+    """Which backend is fastest at each shape, eager and graph (a descriptive summary)."""
+    parts = []
+    for tm, label in TIMINGS.items():
+        t = bench.pivot_table(index="shape", columns="backend", values=tm, sort=False)
+        winners = t.idxmin(axis=1)
+        parts.append(f"{label}: " + ", ".join(f"{s} {w}" for s, w in winners.items()))
+    return Summary("Fastest per shape. " + "; ".join(parts) + ".")
+
+
+def fast_targets(bench: pd.DataFrame, sweep: pd.DataFrame, small_tokens: int = 4096, host_us: float = 60.0,
+                 chunks: int = 1024) -> pd.DataFrame:
+    """Issue 20's targets for fast, one row per (target, shape), judged by :func:`gdnlab.speed.judge` (the bench holds
+    medians, so the median rule). Written in the issue before the data:
+
+    - graph time at most FlashQLA's at every bench shape (fast / flashqla <= 1);
+    - host time (eager minus graph) at most ``host_us`` us at 1x512;
+    - eager at least 1.2x faster than every peer for B*T <= ``small_tokens`` (peer / fast >= 1.2 for each);
+    - accuracy: at ``chunks`` chunks in the slow-gate regime, fast's worst output error at most the most accurate
+      peer's (fast / best peer <= 1);
+    - moonshot: graph time at most FlashInfer's at every shape, and 1x32768 in at most 0.6 ms;
+    - the fix stays free: fused_fixed / fused_shipped <= 1.05, eager and graph.
+    """
+    t = {tm: bench.pivot_table(index="shape", columns="backend", values=tm, sort=False) for tm in TIMINGS}
+    tokens = bench.drop_duplicates("shape").set_index("shape").tokens
+    rows = []
+
+    def add(target: str, shape: str, ratio: float, goal: float, at_most: bool = True) -> None:
+        if not math.isfinite(ratio):
+            rows.append(dict(target=target, shape=shape, ratio=ratio, goal=("<= " if at_most else ">= ") + f"{goal:g}",
+                             rule="not measured", met=False))
+            return
+        v = judge(goal, at_most, ratio=ratio)
+        rows.append(dict(target=target, shape=shape, ratio=v.ratio, goal=("<= " if at_most else ">= ") + f"{goal:g}",
+                         rule=v.rule, met=v.met))
+
+    g, e = t["graph_ms"], t["ms"]
+    for shape in g.index:
+        add("fast / flashqla (graph)", shape, g.at[shape, "fast"] / g.at[shape, "flashqla"], 1.0)
+    if "1x512" in g.index:
+        add("fast host us (eager - graph)", "1x512", (e.at["1x512", "fast"] - g.at["1x512", "fast"]) * 1e3, host_us)
+    for shape in e.index[tokens.reindex(e.index) <= small_tokens]:
+        for p in PEER_NAMES:
+            add(f"{p} / fast (eager)", shape, e.at[shape, p] / e.at[shape, "fast"], 1.2, at_most=False)
+    err = error_at(sweep, chunks)
+    best = err.reindex(list(PEER_NAMES)).min()
+    add(f"fast / best peer, error at {chunks} chunks", "slow gate", err["fast"] / best, 1.0)
+    for shape in g.index:
+        add("fast / flashinfer (graph, moonshot)", shape, g.at[shape, "fast"] / g.at[shape, "flashinfer"], 1.0)
+    if "1x32768" in g.index:
+        add("fast ms at 1x32768 (graph, moonshot)", "1x32768", g.at["1x32768", "fast"], 0.6)
+    for tm, label in TIMINGS.items():
+        for shape in t[tm].index:
+            add(f"fused_fixed / fused_shipped ({label})", shape,
+                t[tm].at[shape, "fused_fixed"] / t[tm].at[shape, "fused_shipped"], 1.05)
+    return pd.DataFrame(rows)
