@@ -14,23 +14,25 @@ import pandas as pd
 
 from gdnlab import runs
 from gdnlab.findings import Finding, Summary, _fail
+from gdnlab.peers import PEERS
 from gdnlab.speed import TIMINGS, judge, load_bench_frame
 
 __all__ = ["PEER_NAMES", "load", "in_budget", "growth_slopes", "error_at", "speed_vs_fastest", "field_table",
            "peers_conform", "growth_like_two_kernel", "most_accurate", "fastest_by_shape", "fast_targets"]
 
 #: The peer backends (gdnlab.peers) as the device tables name them.
-PEER_NAMES = ("fla", "flashqla", "flashinfer")
+PEER_NAMES = tuple(PEERS)
 #: How much steeper than the two-kernel path's a path's error may grow with chunk count (the slope of
 #: log10(max error) against log10(chunks)) and still count as growing like it: fixed before the peers ran.
 GROWTH_MARGIN = 0.1
 
 
-def load(device: str = "h200") -> dict[str, pd.DataFrame]:
-    """The latest "peers" runs' conformance, sweep and bench tables, each with its run id in column ``run_id``."""
+def load(device: str = "h200", accuracy_run: str | None = None, bench_run: str | None = None) -> dict[str, pd.DataFrame]:
+    """The conformance and sweep tables of `accuracy_run` and the bench table of `bench_run` (None: the latest run
+    with purpose "peers" holding that file, from RUNS.csv), each with its run id in column ``run_id``."""
     out = {}
-    for name in ("conformance", "sweep", "bench"):
-        rid = runs.latest(device, purpose="peers", has=f"{name}.csv")
+    for name, rid in (("conformance", accuracy_run), ("sweep", accuracy_run), ("bench", bench_run)):
+        rid = rid or runs.latest(device, purpose="peers", has=f"{name}.csv")
         out[name] = runs.load(rid, f"{name}.csv", device).assign(run_id=rid)
     out["bench"] = load_bench_frame(out["bench"])
     return out
@@ -45,13 +47,13 @@ def in_budget(conf: pd.DataFrame) -> pd.Series:
     ok = pd.Series(True, index=conf.index)
     for c in checks:
         ok &= conf[c].astype("boolean").fillna(False).astype(bool) if c in conf else False
-    return ok & (conf["error"].fillna("") == "")
+    return ok & (conf["error"].isna() | (conf["error"].astype(str) == ""))
 
 
 def growth_slopes(sweep: pd.DataFrame) -> pd.DataFrame:
     """The slope of log10(max abs error) against log10(chunks) per backend, regime and initial-state setting
     (least squares over every chunk count of the sweep)."""
-    d = sweep[sweep.error.fillna("") == ""]
+    d = sweep[sweep.error.isna() | (sweep.error.astype(str) == "")]
     rows = []
     for (regime, h0, be), g in d.groupby(["regime", "initial_state", "backend"], sort=False):
         slope = np.polyfit(np.log10(g.n_chunks), np.log10(g.max_abs_err), 1)[0]
@@ -178,19 +180,20 @@ def fast_targets(bench: pd.DataFrame, sweep: pd.DataFrame, small_tokens: int = 4
     rows = []
 
     def add(target: str, shape: str, ratio: float, goal: float, at_most: bool = True) -> None:
-        if not math.isfinite(ratio):
-            rows.append(dict(target=target, shape=shape, ratio=ratio, goal=("<= " if at_most else ">= ") + f"{goal:g}",
-                             rule="not measured", met=False))
+        timing = next((label for label in TIMINGS.values() if f"({label}" in target), "accuracy")
+        row = dict(target=target, timing=timing, shape=shape, goal=("<= " if at_most else ">= ") + f"{goal:g}")
+        if not math.isfinite(ratio):  # a backend that did not run misses its target
+            rows.append(dict(row, ratio=ratio, rule="not measured", met=False))
             return
         v = judge(goal, at_most, ratio=ratio)
-        rows.append(dict(target=target, shape=shape, ratio=v.ratio, goal=("<= " if at_most else ">= ") + f"{goal:g}",
-                         rule=v.rule, met=v.met))
+        rows.append(dict(row, ratio=v.ratio, rule=v.rule, met=v.met))
 
     g, e = t["graph_ms"], t["ms"]
     for shape in g.index:
         add("fast / flashqla (graph)", shape, g.at[shape, "fast"] / g.at[shape, "flashqla"], 1.0)
     if "1x512" in g.index:
-        add("fast host us (eager - graph)", "1x512", (e.at["1x512", "fast"] - g.at["1x512", "fast"]) * 1e3, host_us)
+        add(f"fast host time / {host_us:g} us (eager - graph)", "1x512",
+            (e.at["1x512", "fast"] - g.at["1x512", "fast"]) * 1e3 / host_us, 1.0)
     for shape in e.index[tokens.reindex(e.index) <= small_tokens]:
         for p in PEER_NAMES:
             add(f"{p} / fast (eager)", shape, e.at[shape, p] / e.at[shape, "fast"], 1.2, at_most=False)
@@ -200,7 +203,7 @@ def fast_targets(bench: pd.DataFrame, sweep: pd.DataFrame, small_tokens: int = 4
     for shape in g.index:
         add("fast / flashinfer (graph, moonshot)", shape, g.at[shape, "fast"] / g.at[shape, "flashinfer"], 1.0)
     if "1x32768" in g.index:
-        add("fast ms at 1x32768 (graph, moonshot)", "1x32768", g.at["1x32768", "fast"], 0.6)
+        add("fast time / 0.6 ms at 1x32768 (graph, moonshot)", "1x32768", g.at["1x32768", "fast"] / 0.6, 1.0)
     for tm, label in TIMINGS.items():
         for shape in t[tm].index:
             add(f"fused_fixed / fused_shipped ({label})", shape,

@@ -15,7 +15,7 @@ from matplotlib.figure import Figure
 
 from gdnlab.metrics import ulp_bf16
 
-__all__ = ["error_vs_chunks", "ratio_vs_chunks", "ratio_vs_decay", "ratio_heatmap", "bv_bars", "ablation_bars",
+__all__ = ["error_vs_chunks", "field_errors", "relative_time_heatmap", "ratio_vs_chunks", "ratio_vs_decay", "ratio_heatmap", "bv_bars", "ablation_bars",
            "isolation_bars", "save_figure", "show"]
 
 _ULP_LABEL = "bf16 unit roundoff $2^{-8}$"
@@ -56,6 +56,47 @@ def error_vs_chunks(sweep: pd.DataFrame, metric: str = "max_abs_err") -> Figure:
         ax.set(yscale="log", xlabel="chunks (64 tokens each)", ylabel=metric.replace("_", " "),
                title="with initial state" if h0 else ("no initial state" if h0 is not None else ""))
         ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def field_errors(sweep: pd.DataFrame, metric: str = "max_abs_err") -> Figure:
+    """Output error vs chunk count for every backend of a device sweep, one panel per regime (rows) and
+    initial-state setting (columns), log axes, the bf16 unit roundoff as a reference line. Lines that coincide
+    (bit-equal paths) are drawn thinner on top of each other, so each stays visible."""
+    regimes = list(dict.fromkeys(sweep.regime))
+    settings = sorted(sweep.initial_state.unique(), reverse=True)
+    fig, axes = plt.subplots(len(regimes), len(settings), figsize=(6 * len(settings), 4.2 * len(regimes)),
+                             sharex=True, squeeze=False)
+    backends = list(dict.fromkeys(sweep.backend))
+    colors = dict(zip(backends, sns.color_palette("tab10", len(backends))))
+    for r, regime in enumerate(regimes):
+        for c, h0 in enumerate(settings):
+            ax, sub = axes[r][c], sweep[(sweep.regime == regime) & (sweep.initial_state == h0)]
+            for i, b in enumerate(backends):
+                line = sub[sub.backend == b].sort_values("n_chunks")
+                ax.plot(line.n_chunks, line[metric], marker="o", ms=max(7 - 0.6 * i, 2.5), lw=max(3 - 0.3 * i, 0.8),
+                        color=colors[b], label=b, alpha=0.9)
+            _ulp_line(ax)
+            _chunk_axis(ax, sorted(sub.n_chunks.unique()))
+            ax.set(yscale="log", title=f"{regime.replace('_', ' ')}, {'with' if h0 else 'no'} initial state",
+                   xlabel="chunks (64 tokens each)" if r == len(regimes) - 1 else "", ylabel=metric.replace("_", " "))
+            ax.grid(True, which="both", alpha=0.25)
+    axes[0][-1].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.tight_layout()
+    return fig
+
+
+def relative_time_heatmap(rel: dict[str, pd.DataFrame]) -> Figure:
+    """Time / fastest at each shape (rows: backends, columns: shapes), one panel per timing ({label: table} as
+    :func:`gdnlab.field.speed_vs_fastest` gives them); 1.0 marks the fastest, blank cells did not run."""
+    fig, axes = plt.subplots(len(rel), 1, figsize=(1.6 + 0.85 * max(t.shape[0] for t in rel.values()),
+                                                   1.2 + 2.2 * len(rel)), squeeze=False)
+    for ax, (label, t) in zip(axes[:, 0], rel.items()):
+        sns.heatmap(t.T, annot=True, fmt=".2f", norm=LogNorm(vmin=1.0, vmax=max(float(np.nanmax(t.values)), 1.01)),
+                    cmap="rocket_r", ax=ax, cbar_kws={"label": "time / fastest"})
+        ax.set(title=f"{label}: time relative to the fastest at each shape", xlabel="", ylabel="")
+        ax.tick_params(axis="y", labelrotation=0)
     fig.tight_layout()
     return fig
 

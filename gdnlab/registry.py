@@ -42,6 +42,8 @@ def get_backend(name: str) -> Backend:
     if not isinstance(name, str):
         raise TypeError(f"backend: must be a str, got {type(name).__name__}")
     if name not in _REGISTRY:
+        import gdnlab.backends  # noqa: F401  (registers the built-in backends and the peers on first use)
+    if name not in _REGISTRY:
         if name in UNAVAILABLE:
             raise ValueError(f"backend: {name!r} is not available here: {UNAVAILABLE[name]}")
         raise ValueError(f"backend: unknown backend {name!r}; known: {', '.join(BACKENDS)}")

@@ -1,0 +1,66 @@
+"""gdnlab.field: the peers table and findings on the committed H200 peers runs, and that each finding fails when the
+data stops supporting it."""
+import math
+
+import pandas as pd
+import pytest
+
+from gdnlab import field
+
+
+@pytest.fixture(scope="module")
+def tables():
+    return field.load("h200")
+
+
+def test_table_has_a_row_per_implementation_with_what_ran(tables):
+    t = field.field_table(tables["conformance"], tables["sweep"], tables["bench"]).set_index("backend")
+    assert set(field.PEER_NAMES) <= set(t.index) and "fast" in t.index
+    assert t.loc["flashinfer", "implementation"].startswith("flashinfer-python ")
+    assert t.loc["fla", "implementation"].endswith("(triton)")          # FLA's own path, not FlashQLA
+    assert t.loc["fused_shipped", "growth_slope"] > t.loc["two_kernel", "growth_slope"] + field.GROWTH_MARGIN
+    fastest = t[["graph_vs_fastest"]].dropna()
+    assert (fastest.graph_vs_fastest >= 1).all()
+
+
+def test_peers_conform_fails_naming_the_case(tables):
+    conf = tables["conformance"].copy()
+    assert "flashqla" in str(field.peers_conform(conf))
+    i = conf.index[(conf.backend == "flashqla") & (conf.case == "t65")][0]
+    conf.loc[i, "padding_zero"] = False
+    with pytest.raises(AssertionError, match="flashqla/t65"):
+        field.peers_conform(conf)
+    conf.loc[i, ["padding_zero", "out_max_abs"]] = [True, math.nan]
+    conf.loc[i, "out_ok"] = False                                        # NaN never passes
+    with pytest.raises(AssertionError, match="1 peer case"):
+        field.peers_conform(conf)
+
+
+def test_growth_rule_fails_for_the_shipped_kernel(tables):
+    field.growth_like_two_kernel(tables["sweep"], field.PEER_NAMES)
+    with pytest.raises(AssertionError, match="fused_shipped in"):
+        field.growth_like_two_kernel(tables["sweep"], ("fused_shipped",))
+
+
+def test_most_accurate_is_computed_not_named(tables):
+    sweep = tables["sweep"].copy()
+    best = field.most_accurate(sweep, field.PEER_NAMES).numbers["best"]
+    other = next(p for p in field.PEER_NAMES if p != best)
+    sweep.loc[sweep.backend == other, "max_abs_err"] /= 100
+    assert field.most_accurate(sweep, field.PEER_NAMES).numbers["best"] == other
+
+
+def test_fast_targets_judge_every_shape_and_count_a_missing_backend_as_a_miss(tables):
+    tg = field.fast_targets(tables["bench"], tables["sweep"])
+    shapes = tables["bench"]["shape"].nunique()
+    assert (tg.target == "fast / flashqla (graph)").sum() == shapes
+    assert set(tg.timing) == {"graph", "eager", "accuracy"}
+    bench = tables["bench"][~((tables["bench"].backend == "flashqla") & (tables["bench"]["shape"] == "1x512"))]
+    row = field.fast_targets(bench, tables["sweep"]).query("target == 'fast / flashqla (graph)' and shape == '1x512'")
+    assert row.rule.item() == "not measured" and not row.met.item()
+
+
+def test_speed_vs_fastest_is_one_at_the_fastest():
+    bench = pd.DataFrame(dict(shape=["a", "a", "b", "b"], backend=["x", "y", "x", "y"], graph_ms=[1.0, 2.0, 3.0, 1.5]))
+    rel = field.speed_vs_fastest(bench, "graph_ms")
+    assert rel.loc["a"].tolist() == [1.0, 2.0] and rel.loc["b"].tolist() == [2.0, 1.0]
