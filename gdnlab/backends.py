@@ -55,7 +55,11 @@ def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
                            output_final_state: bool = False, use_qk_l2norm_in_kernel: bool = False,
                            cu_seqlens: torch.Tensor | None = None, state_v_first: bool = False,
                            backend: str = "two_kernel", **options: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Gated DeltaNet prefill (DESIGN.md sections 2 and 6) on the named backend. Returns (o, final state or None)."""
+    """Gated DeltaNet prefill (DESIGN.md sections 2 and 6) on the named backend. Returns (o, final state or None).
+
+    Dtypes: the lab's Triton backends take bf16 q, k, v (fp16/fp32 are refused with a TypeError naming q); the
+    "reference" backend takes any floating dtype. Unusual but legal values are computed, not refused: g > 0 (the
+    state grows), beta outside [0, 1], non-finite inputs (see gdnlab.validate.check_inputs)."""
     fn = get_backend(backend)
     if not getattr(fn, "validates_itself", False):
         check_inputs(q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
@@ -96,7 +100,7 @@ def _triton(path: str, by_size: Callable[[int, int, int], dict[str, Any]] | None
         p: Problem = check_inputs(q, k, v, g, beta, scale=scale, initial_state=initial_state,
                                   cu_seqlens=cu_seqlens, state_v_first=state_v_first,
                                   output_final_state=output_final_state,
-                                  use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)
+                                  use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, dtypes=(torch.bfloat16,))
         plan = ChunkPlan.build(p.seq_bounds, q.device)
         sized = {}
         if by_size:
