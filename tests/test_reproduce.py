@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -105,3 +106,20 @@ def test_plugin_reports_go_to_their_own_folder():
     assert default_out("cpu") == Path("reports")
     assert default_out("cpu", "fused_fixed") == Path("reports")  # the lab's own kernels: the lab's reports
     assert default_out("cpu", "my_kernel") == Path("reports") / "my_kernel"
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="no make")
+def test_make_lab_installs_only_when_needed_and_runs_as_root(tmp_path):
+    """`make lab` installs JupyterLab once (a stamp), not on every start, and passes --allow-root exactly when run
+    as root (Jupyter refuses root otherwise)."""
+    root = Path(__file__).resolve().parents[1]
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / ".installed").touch()
+    cmd = ["make", "-n", "-C", str(root), "lab", f"VENV={venv}"]
+    first = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    assert "pip install" in first and "jupyter lab" in first  # not installed yet: installs
+    (venv / ".lab-installed").touch()
+    again = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    assert "pip install" not in again and "jupyter lab" in again
+    assert ("--allow-root" in again) == (os.geteuid() == 0)
