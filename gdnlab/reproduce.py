@@ -391,8 +391,8 @@ def _worker(job_path: str) -> int:
 
 
 def _findings(nb_path: Path) -> list[dict[str, str]]:
-    """The claims a notebook displayed (gdnlab.findings.Finding renders as Markdown "**Finding.** ...", the
-    verdict as "**Verdict.** ..."), each with the section heading above it and the function that made it."""
+    """The claims a notebook displayed (gdnlab.findings.Finding renders as Markdown "**Finding.** ..."), each with
+    the section heading above it and the function that checked it (the Markdown output's metadata)."""
     import nbformat
     nb = nbformat.read(nb_path, as_version=4)
     found, section = [], ""
@@ -404,10 +404,9 @@ def _findings(nb_path: Path) -> list[dict[str, str]]:
         for out in c.get("outputs", []):
             md = out.get("data", {}).get("text/markdown", "")
             meta = out.get("metadata", {}).get("text/markdown", {})
-            for tag in ("**Finding.**", "**Verdict.**"):
-                if md.startswith(tag):
-                    found.append(dict(text=md.removeprefix(tag).strip(), section=section, kind=tag.strip("*."),
-                                      source=str(meta.get("gdnlab_source", "")) if isinstance(meta, dict) else ""))
+            if md.startswith("**Finding.**"):
+                found.append(dict(text=md.removeprefix("**Finding.**").strip(), section=section,
+                                  source=str(meta.get("gdnlab_source", "")) if isinstance(meta, dict) else ""))
     return found
 
 
@@ -640,13 +639,11 @@ ANSWERS: tuple[tuple[str, str], ...] = (
 )
 
 
-def _answer_block(manifest: dict[str, Any]) -> str:
+def _answer_block(out: Path, manifest: dict[str, Any]) -> str:
     """The findings that answer the report's questions, each linked to the notebook that computed it, and the
     candidate's verdict: the first thing on the index."""
     nbs = manifest.get("notebooks", {})
     items = []
-    verdicts = [(n, f) for n, r in nbs.items() for f in r.get("findings", []) if isinstance(f, dict)
-                and f.get("kind") == "Verdict"]
     cand = str(manifest.get("candidate", ""))
     for q, source in ANSWERS:
         hit = next(((n, f) for n, r in nbs.items() for f in r.get("findings", []) if isinstance(f, dict)
@@ -658,13 +655,22 @@ def _answer_block(manifest: dict[str, Any]) -> str:
         items.append(f"<dt>{html.escape(q)}</dt><dd>{html.escape(f['text'])} <a href='{href}'>({html.escape(n)})"
                      f"</a></dd>")
     verdict = ""
-    if verdicts:
-        n, f = verdicts[0]
-        word = "PASS" if " passes " in f["text"] else "FAIL"
-        verdict = (f"<p><b>Candidate <code>{html.escape(cand)}</code>: <span class='{word.lower()}'>{word}</span></b> "
-                   f"&mdash; {html.escape(f['text'])} <a href='{nbs[n].get('html') or n + '.html'}'>({n})</a>"
-                   + (" <a href='tables/verdict.csv'>verdict.csv</a>" if (manifest.get('_out') and
-                      (Path(manifest['_out']) / 'tables' / 'verdict.csv').exists()) else "") + "</p>")
+    said = next(((n, f["text"]) for n, r in nbs.items() if r.get("status") == "ok" for f in r.get("findings", [])
+                 if isinstance(f, dict) and f.get("source") == "candidate_verdict"), None)
+    refused = next(((n, r.get("error", "")) for n, r in nbs.items() if r.get("status") == "failed"
+                    and "its verdict" in r.get("error", "")), None)
+    if refused:  # a notebook asserted the verdict and it did not hold: that is the answer about this candidate
+        n, text = refused
+        href = nbs[n].get("failed_html") or nbs[n].get("html") or f"{n}.html"
+        verdict = (f"<p><b>Candidate <code>{html.escape(cand)}</code>: <span class='fail'>FAIL</span></b> &mdash; "
+                   f"{html.escape(text)} <a href='{href}'>({html.escape(n)})</a></p>")
+    elif said:
+        n, text = said
+        word = "PASS" if ": PASS" in text else "FAIL"
+        csv = " <a href='tables/verdict.csv'>verdict.csv</a>" if (out / "tables" / "verdict.csv").exists() else ""
+        verdict = (f"<p><b>Candidate <code>{html.escape(cand)}</code>: <span class='{word.lower()}'>{word}</span>"
+                   f"</b> &mdash; {html.escape(text)} <a href='{nbs[n].get('html') or n + '.html'}'>({html.escape(n)})"
+                   f"</a>{csv}</p>")
     if not items and not verdict:
         return ""
     return (f"<div class='answer'><h2>What the lab found</h2>{verdict}"
@@ -703,8 +709,7 @@ def _claims_html(found: list[Any]) -> str:
     for f in found:
         if isinstance(f, str):
             f = dict(text=f, section="")
-        label = ("Verdict: " if f.get("kind") == "Verdict" else "") + f["text"]
-        groups.setdefault(f.get("section", ""), []).append(f"<li>{html.escape(label)}</li>")
+        groups.setdefault(f.get("section", ""), []).append(f"<li>{html.escape(f['text'])}</li>")
     return "".join((f"<p class='small'><b>{html.escape(sec)}</b></p>" if sec else "") +
                    f"<ul class='small'>{''.join(items)}</ul>" for sec, items in groups.items())
 
@@ -754,7 +759,7 @@ def write_index(out: Path, manifest: dict[str, Any]) -> Path:
 on {html.escape(e.get('device', '?'))} (torch {html.escape(e.get('torch', '?'))},
 Triton {html.escape(e.get('triton', '?'))}, Python {html.escape(e.get('python', '?'))}){' &mdash; <b>quick smoke run</b>' if manifest.get('quick') else ''}.
 Candidate fused kernel: <code>{html.escape(str(manifest.get('candidate', '')))}</code>.</p>
-{warn}{_answer_block({**manifest, '_out': str(out)})}
+{warn}{_answer_block(out, manifest)}
 <h2>Headline: the report's first table</h2>
 {_headline(out, manifest)}
 <h2>Notebooks</h2>

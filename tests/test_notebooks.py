@@ -82,3 +82,29 @@ def test_user_kernel_via_plugin(tmp_path):
     assert (abl[abl.backend == "my_kernel"].diff_vs_baseline == 0).all()
     man = json.loads((out / "manifest.json").read_text())
     assert man["candidate"] == "my_kernel" and man["notebooks"]["04_root_cause"]["parameters"]["candidate"] == "my_kernel"
+
+
+@pytest.mark.xdist_group("notebooks")
+def test_forgetful_plugin_fails_its_verdict_in_its_own_folder(tmp_path):
+    """Issue 18's plugin: the float64 reference with the initial state dropped. Its notebook must fail with the
+    initial-state check named, its reports must go to reports/forgetful/ (not over the lab's), and the index must say
+    FAIL at the top without claiming notebook 01 failed."""
+    from test_verdict import FORGETFUL  # tests/ is on sys.path (rootdir conftest, no package)
+    (tmp_path / "forgetful.py").write_text(FORGETFUL)
+    (tmp_path / "reports").mkdir()
+    (tmp_path / "reports" / "index.html").write_text("the lab's own index")
+    r = subprocess.run([sys.executable, "-m", "gdnlab.cli", "reproduce", "--plugin", "forgetful", "--backend",
+                        "forgetful", "--only", "03", "--quick", "--no-progress"],
+                       cwd=tmp_path, capture_output=True, text=True)
+    assert r.returncode == 1, r.stderr[-3000:]
+    assert (tmp_path / "reports" / "index.html").read_text() == "the lab's own index"
+    out = tmp_path / "reports" / "forgetful"
+    man = json.loads((out / "manifest.json").read_text())
+    entry = man["notebooks"]["03_isolation"]
+    assert entry["status"] == "failed" and "initial state used" in entry["error"], entry.get("error")
+    assert set(man["notebooks"]) == {"03_isolation"}
+    index = (out / "index.html").read_text()
+    top = index[:index.index("Headline")]
+    assert "forgetful" in top and ">FAIL<" in top and "initial state used" in top
+    assert "has not finished successfully" not in index  # 01 was not asked for
+    assert (out / "failed" / "03_isolation.html").exists()
