@@ -47,7 +47,7 @@ from tqdm import tqdm
 
 __all__ = ["NotebookSpec", "NOTEBOOKS", "DEFAULT_BACKENDS", "notebooks_dir", "default_out", "gpu_slug",
            "ensure_kernel", "notebook_parameters", "declared_parameters", "discover", "reproduce", "write_index",
-           "add_target_jupyter_path"]
+           "add_target_jupyter_path", "broken_links", "ANSWERS"]
 
 #: The lab's own backends, run in every notebook; a user's --backend is added to them.
 DEFAULT_BACKENDS = ["two_kernel", "fused_shipped", "fused_fixed"]
@@ -430,6 +430,24 @@ def _clean_stale(out: Path) -> list[str]:
             p.unlink(missing_ok=True)
         gone.append(p.name)
     return gone
+
+
+def broken_links(root: Path) -> list[str]:
+    """Every relative ``href``/``src`` in the HTML pages under ``root`` whose target file does not exist, as
+    "page -> target" (absolute URLs, ``data:`` URIs and in-page anchors are not checked)."""
+    from urllib.parse import unquote, urlparse
+    bad = []
+    for page in sorted(root.rglob("*.html")):
+        if any(part.startswith(".tmp-") for part in page.relative_to(root).parts):
+            continue
+        text = page.read_text(encoding="utf-8", errors="replace")
+        for link in re.findall(r"""(?:href|src)\s*=\s*["']([^"'#]+)""", text):
+            u = urlparse(link)
+            if u.scheme or u.netloc or link.startswith(("data:", "javascript:", "mailto:")):
+                continue
+            if not (page.parent / unquote(u.path)).exists():
+                bad.append(f"{page.relative_to(root)} -> {link}")
+    return bad
 
 
 def _write_atomic(path: Path, text: str) -> None:

@@ -3,7 +3,10 @@ committed clean: a first code cell tagged `parameters` holding only literal assi
 from __future__ import annotations
 
 import ast
+import html
 import json
+import re
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -57,8 +60,38 @@ def test_every_notebook_runs_quick(tmp_path):
         assert (out / "figures" / f"{fig}.png").exists(), fig
     index = (out / "index.html").read_text()
     assert "report_table.csv" in index and "01_seq_len_sweep.html" in index and "FAILED" not in index
-    html = (out / "04_root_cause.html").read_text()
-    assert "intra-chunk operand explains" in html and "ex.ablation(" not in html  # findings shown, code hidden
+    page = (out / "04_root_cause.html").read_text()
+    assert "intra-chunk operand explains" in page and "ex.ablation(" not in page  # findings shown, code hidden
+    _check_pages(out)
+
+
+def _browser() -> str | None:
+    return next((b for b in ("chromium", "chromium-browser", "google-chrome") if shutil.which(b)), None)
+
+
+def _check_pages(out: Path) -> None:
+    """The reports hold together: no broken relative link, every page titled after its notebook and linking back to
+    the index, the answers first on the index; and a real browser (headless Chromium, where installed) renders
+    them."""
+    from gdnlab.reproduce import ANSWERS, broken_links
+    assert broken_links(out) == []
+    man = json.loads((out / "manifest.json").read_text())
+    for name, r in man["notebooks"].items():
+        page = (out / r["html"]).read_text()
+        title = re.search(r"<title>(.*?)</title>", page, re.S).group(1).strip()
+        assert html.unescape(title) == r["title"], title
+        assert "href='index.html'" in page, f"{name} does not link back to the index"
+    index = (out / "index.html").read_text()
+    top = index[:index.index("Headline")]
+    assert "What the lab found" in top and "Candidate <code>fused_shipped</code>" in top
+    assert sum(q.replace("'", "&#x27;") in top for q, _ in ANSWERS) == len(ANSWERS)  # every question answered
+    browser = _browser()
+    if browser is None:
+        return
+    for page in ("index.html", "03_isolation.html"):
+        dom = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--dump-dom",
+                              (out / page).as_uri()], capture_output=True, text=True, timeout=120).stdout
+        assert "gdnlab reports" in dom, f"{page}: the browser rendered nothing recognisable"
 
 
 @pytest.mark.xdist_group("notebooks")
