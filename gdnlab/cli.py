@@ -12,8 +12,9 @@ def _reproduce(argv: list[str]) -> int:
         prog="gdnlab reproduce",
         description="Run every notebook with papermill and write HTML reports, figures, CSV tables and index.html.",
         epilog="Bring your own kernel: write a module that calls gdnlab.backends.register_backend('my_kernel', fn) "
-               "(fn takes chunk_gated_delta_rule's arguments) and run "
-               "`gdnlab reproduce --plugin my_module --backend my_kernel`.")
+               "(fn takes chunk_gated_delta_rule's arguments), judge it with `gdnlab check --plugin my_module "
+               "--backend my_kernel`, and run `gdnlab reproduce --plugin my_module --backend my_kernel`. "
+               "Ctrl-C stops a run within seconds and keeps the previous reports of unfinished notebooks (exit 130).")
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                     help="cpu: Triton interpreter (default); cuda: compiled kernels on the first GPU")
     ap.add_argument("--backend", metavar="NAME", default=None,
@@ -23,12 +24,14 @@ def _reproduce(argv: list[str]) -> int:
                          "the import path")
     ap.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run of every notebook (CI)")
     ap.add_argument("--out", default=None,
-                    help="output folder (default: reports/ on cpu, reports/<gpu-name>/ on cuda)")
+                    help="output folder (default: reports/ on cpu, reports/<gpu-name>/ on cuda; with a --backend "
+                         "of your own, its subfolder <backend>/ there, so the lab's reports are never overwritten)")
     ap.add_argument("--only", metavar="NAME", action="append", default=[],
                     help="run only notebooks whose name contains NAME (repeatable), e.g. 01 or bv_sweep")
     ap.add_argument("--jobs", type=int, default=None, help="notebooks run at once (default: 2 on cpu, 1 on cuda)")
     ap.add_argument("--kernel", default=None, help="Jupyter kernel name (default: 'gdnlab', registered if missing)")
     ap.add_argument("--timeout", type=int, default=None, help="seconds per cell before a notebook fails")
+    # Ctrl-C / SIGTERM: pending notebooks are cancelled, running ones stopped, finished ones kept; exit status 130.
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
     a = ap.parse_args(argv)
     return reproduce(device=a.device, backend=a.backend, plugins=a.plugin, quick=a.quick, out=a.out, only=a.only,

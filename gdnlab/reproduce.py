@@ -224,9 +224,21 @@ def _export_html(nb_path: Path, html_path: Path, exclude_input: bool, title: str
     body, _ = exporter.from_notebook_node(nb, resources={"metadata": {"name": title or nb_path.stem}})
     nav = (f"<nav class='gdnlab-nav'><a href='{index}'>&larr; gdnlab reports (index)</a> &middot; "
            f"{html.escape(nb_path.stem)}</nav>")
+    body = _stable_style_ids(body)
     body = body.replace("</head>", _PAGE_CSS + "</head>", 1)
     body = re.sub(r"(<body[^>]*>)", lambda m: m.group(1) + nav, body, count=1)
     html_path.write_text(body, encoding="utf-8")
+
+
+def _stable_style_ids(page: str) -> str:
+    """pandas' Styler names each table ``T_<5 random hex digits>`` (ids and CSS selectors): renumber them in order of
+    appearance, so that a rerun writes the same page."""
+    ids: dict[str, str] = {}
+
+    def sub(m: re.Match[str]) -> str:
+        return ids.setdefault(m.group(1), f"T_s{len(ids):04d}")
+
+    return re.sub(r"\b(T_[0-9a-f]{5})(?=[_\"' {.:,>])", sub, page)
 
 
 class _Control:

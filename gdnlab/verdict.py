@@ -39,7 +39,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import pandas as pd
@@ -47,6 +47,7 @@ import torch
 
 from gdnlab import backends as _backends
 from gdnlab import metrics
+from gdnlab.experiments import _takes_options, reference
 from gdnlab.inputs import GDNInputs, make_inputs
 
 __all__ = ["GROWTH_MARGIN", "H0_EFFECT_FRACTION", "VerdictCase", "Check", "Verdict", "quick_cases", "full_cases",
@@ -197,7 +198,6 @@ class Verdict:
 
 def _call(backend: str, inp: GDNInputs) -> tuple[torch.Tensor, torch.Tensor | None]:
     import gdnlab
-    from gdnlab.experiments import _takes_options
 
     opts = {"poison": True} if _takes_options(_backends.get_backend(backend), "poison") else {}
     return gdnlab.chunk_gated_delta_rule(**inp.kwargs(), backend=backend, **opts)
@@ -266,9 +266,6 @@ def _budget(name: str, case: str, budget: metrics.Budget, out: torch.Tensor, ref
 
 
 def _h0_checks(case: VerdictCase, inp: GDNInputs, o: torch.Tensor, ht: torch.Tensor) -> list[Check]:
-    from dataclasses import replace
-
-    from gdnlab.experiments import reference
     o_ref, s_ref = reference(inp)
     o_0, s_0 = reference(replace(inp, initial_state=None))
     rows = []
@@ -306,7 +303,6 @@ def _growth(backend: str, baseline: str, quick: bool, shape: dict[str, int],
             device: str | torch.device) -> tuple[list[Check], dict[str, Any]]:
     """The error-growth check (prefixes of one sequence: the kernels are causal, so the first n rows of a run are
     the run of the first n tokens)."""
-    from gdnlab.experiments import reference
     chunks = growth_chunks(quick)
     inp = VerdictCase("growth", T=CHUNK * max(chunks), initial_state=False, seed=221).inputs(shape, device)
     o_ref, _ = reference(inp)
@@ -344,7 +340,6 @@ def verdict(backend: str, *, quick: bool = True, device: str | torch.device = "c
     shape = _QUICK_SHAPE if quick else _FULL_SHAPE
     cases = list(cases) if cases is not None else list(quick_cases() if quick else full_cases())
     v = Verdict(backend=backend, device=str(device), quick=quick)
-    from gdnlab.experiments import reference
     for case in cases:
         inp = case.inputs(shape, device)
         rows, res = _run_case(backend, case, inp)

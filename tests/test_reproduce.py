@@ -47,7 +47,9 @@ def test_ctrl_c_returns_fast_and_leaves_reports_intact(tmp_path):
     nbs.mkdir()
     table = ("import pandas as pd\nfrom gdnlab.experiments import save_table\n"
              "save_table(pd.DataFrame({{'x': [{v}]}}), out_dir, '{name}')\n")
-    _notebook(nbs / "a_quick.ipynb", table.format(v=1, name="a"))
+    # A styled table (pandas names it with random hex) and a printed temporary path: both must read the same on rerun.
+    _notebook(nbs / "a_quick.ipynb", table.format(v=1, name="a") +
+              "display(pd.DataFrame({'x': [1.0]}).style.format('{:.2f}'))\nprint(out_dir)")
     _notebook(nbs / "b_slow.ipynb", f"import os, time, pathlib\n"
               f"pathlib.Path({str(tmp_path / 'kernel.pid')!r}).write_text(str(os.getpid()))\n"
               f"while os.path.exists({str(slow)!r}):\n    time.sleep(0.2)\n" + table.format(v=2, name="b"))
