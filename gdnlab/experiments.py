@@ -35,7 +35,7 @@ __all__ = [
     "device_name", "env_columns", "load_plugins", "run_backend", "check_written", "reference",
     "seq_len_sweep", "decay_grid", "ratio_table", "report_table", "regime_sweep", "report_fit", "report_view",
     "fit_view", "run_info", "sweep_view", "bv_view", "isolation_view", "ablation_view", "bv_sweep", "isolation_table",
-    "ablation", "save_table", "save_timings", "WALL_TIME_COLUMN",
+    "ablation", "save_table", "save_timings", "output_path", "WALL_TIME_COLUMN",
 ]
 
 #: Chunk length of every kernel.
@@ -511,10 +511,9 @@ def save_table(df: pd.DataFrame | Sequence[pd.DataFrame], out_dir: str | Path | 
     """Write ``df`` (or several tables, concatenated) to ``out_dir/tables/<name>.csv`` (nothing when ``out_dir`` is
     None); returns the path. Wall-time columns (:data:`WALL_TIME_COLUMN`) go to ``out_dir/timings/<name>.csv``
     instead, beside the table's text columns, so that a rerun of unchanged code rewrites the table byte for byte."""
-    if out_dir is None:
+    path = output_path(out_dir, "tables", name, "csv")
+    if path is None:
         return None
-    if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
-        raise ValueError(f"name: must be a plain file name, got {name!r}")
     if not isinstance(df, pd.DataFrame):
         df = pd.concat(list(df), ignore_index=True)
     walls = [c for c in df.columns if WALL_TIME_COLUMN.search(str(c))]
@@ -522,19 +521,25 @@ def save_table(df: pd.DataFrame | Sequence[pd.DataFrame], out_dir: str | Path | 
         keys = [c for c in df.columns if c not in walls and df[c].dtype == object]
         save_timings(df[keys + walls], out_dir, name)
         df = df.drop(columns=walls)
-    path = Path(out_dir) / "tables" / f"{name}.csv"
-    path.parent.mkdir(parents=True, exist_ok=True)
     df.to_csv(path, index=False)
     return path
 
 
 def save_timings(df: pd.DataFrame, out_dir: str | Path | None, name: str) -> Path | None:
     """Write wall times to ``out_dir/timings/<name>.csv`` (not committed: they differ on every run)."""
+    path = output_path(out_dir, "timings", name, "csv")
+    if path is not None:
+        df.to_csv(path, index=False)
+    return path
+
+
+def output_path(out_dir: str | Path | None, sub: str, name: str, ext: str) -> Path | None:
+    """``out_dir/<sub>/<name>.<ext>`` with its folder created, None when ``out_dir`` is None; ValueError unless
+    ``name`` is a plain file name (a notebook parameter must not write outside its folder)."""
     if out_dir is None:
         return None
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
         raise ValueError(f"name: must be a plain file name, got {name!r}")
-    path = Path(out_dir) / "timings" / f"{name}.csv"
+    path = Path(out_dir) / sub / f"{name}.{ext}"
     path.parent.mkdir(parents=True, exist_ok=True)
-    df.to_csv(path, index=False)
     return path

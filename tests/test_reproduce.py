@@ -13,18 +13,10 @@ import sys
 import time
 from pathlib import Path
 
-import nbformat
 import pytest
 
 from gdnlab.reproduce import default_out, reproduce
-
-
-def _notebook(path: Path, body: str) -> None:
-    nb = nbformat.v4.new_notebook()
-    p = nbformat.v4.new_code_cell("out_dir = None\ndevice = 'cpu'")
-    p.metadata["tags"] = ["parameters"]
-    nb.cells = [nbformat.v4.new_markdown_cell(f"# {path.stem} title"), p, nbformat.v4.new_code_cell(body)]
-    nbformat.write(nb, path)
+from test_experiments import _notebook  # tests/ is on sys.path (rootdir conftest, no package)
 
 
 def _tree(out: Path) -> dict[str, str]:
