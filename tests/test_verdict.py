@@ -107,10 +107,10 @@ def test_forgetful_plugin_fails_on_the_initial_state_check(tmp_path):
     assert "forgetful: FAIL" in r.stdout
 
 
-def test_check_cli_refuses_an_unknown_backend(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "gdnlab.cli", "check", "--backend", "nope"], cwd=tmp_path,
-                       capture_output=True, text=True)
-    assert r.returncode == 2 and "--backend 'nope' is not registered" in r.stderr
+def test_check_cli_refuses_an_unknown_backend(capsys):
+    from gdnlab.cli import main
+    assert main(["check", "--backend", "nope"]) == 2
+    assert "--backend 'nope' is not registered" in capsys.readouterr().err
 
 
 def test_nan_never_passes():
