@@ -498,15 +498,26 @@ def add_target_jupyter_path(package_file: str | Path | None = None) -> Path | No
     return share
 
 
-def reproduce(*, device: str = "cpu", backend: str | None = None, plugins: Sequence[str] = (), quick: bool = False,
-              out: str | Path | None = None, only: Sequence[str] = (), jobs: int | None = None,
-              kernel: str | None = None, specs: Sequence[NotebookSpec] | None = None,
-              nb_dir: str | Path | None = None, timeout: int | None = None, progress: bool = True) -> int:
+def reproduce(**kw: Any) -> int:
     """Run the notebooks of ``nb_dir`` (default notebooks/; those whose name contains one of ``only``, default
-    all) and write the reports. ``specs`` None: :func:`discover` them.
+    all) and write the reports. ``specs`` None: :func:`discover` them. Keywords: those of :func:`_reproduce`.
 
-    Returns 0 when every notebook ran, 1 when any failed, 2 on a usage error.
+    SIGINT and SIGTERM are handled from the first line on (before the slow imports), so an interrupt at any moment
+    stops the run the same way. Returns 0 when every notebook ran, 1 when any failed, 2 on a usage error, 130 when
+    interrupted.
     """
+    ctl = _Control()
+    old_handlers = _install_handlers(ctl)
+    try:
+        return _reproduce(ctl, **kw)
+    finally:
+        _restore_handlers(old_handlers)
+
+
+def _reproduce(ctl: _Control, *, device: str = "cpu", backend: str | None = None, plugins: Sequence[str] = (),
+               quick: bool = False, out: str | Path | None = None, only: Sequence[str] = (), jobs: int | None = None,
+               kernel: str | None = None, specs: Sequence[NotebookSpec] | None = None,
+               nb_dir: str | Path | None = None, timeout: int | None = None, progress: bool = True) -> int:
     from gdnlab import backends as _backends
     from gdnlab.experiments import load_plugins
 
@@ -557,8 +568,9 @@ def reproduce(*, device: str = "cpu", backend: str | None = None, plugins: Seque
     t0 = time.time()
     results: dict[str, dict[str, Any]] = {}
     walls: dict[str, float] = {}
-    ctl = _Control()
-    old_handlers = _install_handlers(ctl)
+    if ctl.cancelled.is_set():
+        print("gdnlab reproduce: interrupted before any notebook started; nothing changed", file=sys.stderr)
+        return 130
     bar = tqdm(total=len(chosen), desc="notebooks", unit="nb", disable=not progress)
     pool = ThreadPoolExecutor(max_workers=jobs)
     futs: dict[Any, NotebookSpec] = {}
@@ -592,7 +604,6 @@ def reproduce(*, device: str = "cpu", backend: str | None = None, plugins: Seque
                                             manifest["notebooks"].get(s.name))
         else:
             pool.shutdown(wait=True)
-        _restore_handlers(old_handlers)
         bar.close()
         _clean_stale(out)
 
