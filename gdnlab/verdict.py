@@ -197,10 +197,17 @@ class Verdict:
 # ------------------------------------------------------------------------------------------------------- running
 
 def _call(backend: str, inp: GDNInputs) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One call with ``output_final_state=True``; with ``poison=True`` (outputs pre-filled with NaN) where the backend
+    takes it. A wrapper that forwards ``**kwargs`` to a library which refuses ``poison`` is called again without."""
     import gdnlab
 
-    opts = {"poison": True} if _takes_options(_backends.get_backend(backend), "poison") else {}
-    return gdnlab.chunk_gated_delta_rule(**inp.kwargs(), backend=backend, **opts)
+    if _takes_options(_backends.get_backend(backend), "poison"):
+        try:
+            return gdnlab.chunk_gated_delta_rule(**inp.kwargs(), backend=backend, poison=True)
+        except TypeError as e:
+            if "poison" not in str(e):
+                raise
+    return gdnlab.chunk_gated_delta_rule(**inp.kwargs(), backend=backend)
 
 
 def _tensors(inp: GDNInputs) -> dict[str, torch.Tensor]:
