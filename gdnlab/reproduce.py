@@ -669,14 +669,15 @@ code{background:#f4f4f4}.small{color:#666;font-size:.9em}.answer{background:#f6f
 padding:.4em 1em;margin:1em 0}.answer dt{font-weight:600;margin-top:.5em}.answer dd{margin-left:1em}
 .pass{color:#176f2c;font-weight:700}.fail{color:#b00020;font-weight:700}"""
 
-#: The report's questions and the finding (by the function that checks it) that answers each, in reading order.
-ANSWERS: tuple[tuple[str, str], ...] = (
-    ("Does the lab reproduce the report's numbers?", "reproduces_report"),
-    ("What causes the fused kernel's excess error?", "intra_operand_explains"),
-    ("Does the fix change any output?", "bit_equal_to_baseline"),
-    ("What does the fix cost?", "fix_is_free"),
-    ("Is the defect specific to one GPU architecture?", "answer"),
-    ("What happens to BV = 8?", "bv8_by_release"),
+#: The report's questions, the finding that answers each (by the function that checks it) and the notebook whose
+#: instance to prefer (its first one otherwise), in reading order.
+ANSWERS: tuple[tuple[str, str, str], ...] = (
+    ("Does the lab reproduce the report's numbers?", "reproduces_report", "01"),
+    ("What causes the fused kernel's excess error?", "intra_operand_explains", "04"),
+    ("Does the fix change any output?", "bit_equal_to_baseline", "03"),  # 03 compares the final state too
+    ("What does the fix cost?", "fix_is_free", "07"),
+    ("Is the defect specific to one GPU architecture?", "answer", "06"),
+    ("What happens to BV = 8?", "bv8_by_release", "05"),
 )
 
 
@@ -686,9 +687,10 @@ def _answer_block(out: Path, manifest: dict[str, Any]) -> str:
     nbs = manifest.get("notebooks", {})
     items = []
     cand = str(manifest.get("candidate", ""))
-    for q, source in ANSWERS:
-        hit = next(((n, f) for n, r in nbs.items() for f in r.get("findings", []) if isinstance(f, dict)
-                    and f.get("source") == source), None)
+    for q, source, prefer in ANSWERS:
+        hits = [(n, f) for n, r in nbs.items() for f in r.get("findings", []) if isinstance(f, dict)
+                and f.get("source") == source]
+        hit = next((h for h in hits if h[0].startswith(prefer)), hits[0] if hits else None)
         if hit is None:
             continue
         n, f = hit

@@ -89,7 +89,7 @@ def _check_pages(out: Path) -> None:
     index = (out / "index.html").read_text()
     top = index[:index.index("Headline")]
     assert "What the lab found" in top and "Candidate <code>fused_shipped</code>" in top
-    assert sum(q.replace("'", "&#x27;") in top for q, _ in ANSWERS) == len(ANSWERS)  # every question answered
+    assert sum(q.replace("'", "&#x27;") in top for q, *_ in ANSWERS) == len(ANSWERS)  # every question answered
 
 
 @pytest.mark.xdist_group("notebooks")

@@ -130,3 +130,38 @@ def test_nan_never_passes():
     assert not v.ok
     budgets = [c for c in v.checks if c.check.startswith("output budget")]
     assert budgets and not any(c.ok for c in budgets)
+
+
+def test_candidate_verdict_asserts_the_expected_outcome():
+    """findings.candidate_verdict: the lab's known-defective kernel must fail, any other candidate must pass; the
+    sentence (or the AssertionError) names the failed checks."""
+    from gdnlab import findings
+    from gdnlab.verdict import Check, Verdict
+    good = Verdict("mine", "cpu", True, [Check("runs", "c", True), Check("output budget (max_abs)", "c", True)])
+    bad = Verdict("mine", "cpu", True, [Check("runs", "c", True),
+                                        Check("initial state used (output)", "h0", False, 0.1, 0.01, "ignored?")])
+    assert ": PASS" in findings.candidate_verdict(good).claim
+    with pytest.raises(AssertionError, match="expected to pass.*initial state used"):
+        findings.candidate_verdict(bad)
+    shipped_bad = Verdict("fused_shipped", "cpu", True, bad.checks)
+    assert "FAIL, as expected" in findings.candidate_verdict(shipped_bad).claim
+    with pytest.raises(AssertionError, match="expected to fail"):
+        findings.candidate_verdict(Verdict("fused_shipped", "cpu", True, good.checks))
+    assert not Verdict("x", "cpu", True).ok  # no checks is no verdict
+
+
+def test_bv8_answer_from_the_committed_release_sweep():
+    """The BV = 8 answer is computed from the release sweep: it names a rejecting release, and refuses a sweep in which
+    no release rejects BV = 8 on gfx1151."""
+    from pathlib import Path
+
+    import pandas as pd
+
+    from gdnlab import findings
+    rel = pd.read_csv(Path(__file__).resolve().parents[1] / "reports" / "tables" / "compile_matrix_releases.csv")
+    f = findings.bv8_by_release(rel)
+    assert "rejected at build" in f.claim and f.source == "bv8_by_release"
+    assert "REJECTED" in f.numbers["bv8"].values()
+    ok = rel[~((rel.target == "hip:gfx1151") & (rel.BV == 8) & (rel.status != "ok"))]
+    with pytest.raises(AssertionError, match="expected some release to reject BV=8"):
+        findings.bv8_by_release(ok)
