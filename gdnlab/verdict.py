@@ -33,6 +33,15 @@ Nothing here is specific to the lab's kernels: a peer (FlashInfer, FlashQLA, FLA
 judged by the same cases with ``device="cuda"``. ``quick=True`` (the CPU default) draws 1 key head, 2 value heads,
 K = V = 128 and at most 256 tokens, so the Triton interpreter judges a backend in seconds; ``quick=False`` draws the
 CuteDSL shape (4 key heads, 8 value heads) and longer sequences.
+
+From a device script::
+
+    from gdnlab.backends import register_backend
+    from gdnlab.verdict import verdict
+    register_backend("flashinfer", my_flashinfer_wrapper)       # takes chunk_gated_delta_rule's arguments
+    v = verdict("flashinfer", quick=False, device="cuda")
+    v.table().to_csv("verdict_flashinfer.csv", index=False)     # one row per check: PASS/FAIL, value, limit, reason
+    print(v.summary())
 """
 from __future__ import annotations
 
