@@ -34,7 +34,7 @@ def _pid_alive(pid: int) -> bool:
 
 
 @pytest.mark.xdist_group("notebooks")
-def test_ctrl_c_returns_fast_and_leaves_reports_intact(tmp_path):
+def test_ctrl_c_and_sigterm_return_fast_and_leave_reports_intact(tmp_path):
     nbs, out, slow = tmp_path / "nb", tmp_path / "out", tmp_path / "be-slow"
     nbs.mkdir()
     table = ("import pandas as pd\nfrom gdnlab.experiments import save_table\n"
@@ -50,13 +50,20 @@ def test_ctrl_c_returns_fast_and_leaves_reports_intact(tmp_path):
     before = _tree(out)
     assert reproduce(out=out, nb_dir=nbs, progress=False, jobs=2) == 0
     assert _tree(out) == before
-    (out / ".tmp-b_slow-deadbeef").mkdir()  # noqa  # what a SIGKILLed run leaves
     slow.write_text("")
+    for sig in (signal.SIGINT, signal.SIGTERM):  # Ctrl-C, and what a scheduler or `kill` sends
+        _interrupt(sig, tmp_path, nbs, out, before)
+
+
+def _interrupt(sig: int, tmp_path: Path, nbs: Path, out: Path, before: dict[str, str]) -> None:
+    """Start a run whose second notebook waits, send ``sig`` once its kernel runs, and check the run stopped within
+    seconds, left every report file as it was, removed its temporary folders, said so, and stopped the kernel."""
+    (out / ".tmp-b_slow-deadbeef").mkdir()  # what a SIGKILLed run leaves
     script = (f"import sys; from gdnlab.reproduce import reproduce; "
               f"sys.exit(reproduce(out={str(out)!r}, nb_dir={str(nbs)!r}, progress=False, jobs=2))")
-    proc = subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.PIPE, text=True)
     pid_file = tmp_path / "kernel.pid"
-    pid_file.unlink()
+    pid_file.unlink(missing_ok=True)
+    proc = subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 120
     while not pid_file.exists() and time.time() < deadline:
         time.sleep(0.2)
@@ -64,11 +71,11 @@ def test_ctrl_c_returns_fast_and_leaves_reports_intact(tmp_path):
     time.sleep(0.5)
     assert not list(out.glob(".tmp-b_slow-deadbeef")), "a stale temporary folder was not removed at start"
     t0 = time.time()
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(sig)
     _, err = proc.communicate(timeout=30)
     took = time.time() - t0
     assert proc.returncode == 130, err[-2000:]
-    assert took < 10, f"Ctrl-C took {took:.1f} s"
+    assert took < 10, f"{signal.Signals(sig).name} took {took:.1f} s"
     assert not list(out.glob(".tmp-*")), list(out.glob(".tmp-*"))
     man = json.loads((out / "manifest.json").read_text())
     assert "interrupted" in man and man["notebooks"]["b_slow"]["status"] in ("interrupted", "cancelled")
