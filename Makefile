@@ -5,6 +5,9 @@ BIN     := $(VENV)/bin
 # A machine with an NVIDIA driver keeps whatever torch pip picks; elsewhere take the CPU build.
 EXTRAS  := dev$(shell command -v nvidia-smi >/dev/null 2>&1 || echo ,cpu)
 STAMP   := $(VENV)/.installed
+LAB_STAMP := $(VENV)/.lab-installed
+# Jupyter refuses to run as root without --allow-root (containers, CI machines); a user does not need it.
+ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
 
 .PHONY: test reports lab compile-matrix bench-ref clean
 
@@ -21,9 +24,13 @@ test: $(STAMP)
 reports: $(STAMP)
 	$(BIN)/gdnlab reproduce
 
-lab: $(STAMP)
+# JupyterLab is installed once (again only when pyproject.toml changes), not on every start.
+$(LAB_STAMP): $(STAMP)
 	$(BIN)/python -m pip install -q -e ".[$(EXTRAS),lab]"
-	$(BIN)/jupyter lab notebooks/
+	touch $(LAB_STAMP)
+
+lab: $(LAB_STAMP)
+	$(BIN)/jupyter lab $(ALLOW_ROOT) notebooks/
 
 compile-matrix: $(STAMP)
 	$(BIN)/gdnlab compile-matrix

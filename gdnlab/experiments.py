@@ -36,7 +36,7 @@ __all__ = [
     "device_name", "env_columns", "load_plugins", "run_backend", "check_written", "reference",
     "seq_len_sweep", "decay_grid", "ratio_table", "report_table", "regime_sweep", "report_fit", "report_view",
     "fit_view", "run_info", "sweep_view", "bv_view", "isolation_view", "ablation_view", "bv_sweep", "isolation_table",
-    "ablation", "save_table",
+    "ablation", "save_table", "save_timings", "output_path", "WALL_TIME_COLUMN",
 ]
 
 #: The report's first table: seq_len -> (two-kernel max err, fused max err, ratio as printed).
@@ -447,14 +447,13 @@ def ablation(seq_lens: Sequence[int], *, fused_backend: str = "fused_shipped", b
 def run_info(device: str | torch.device, **params: Any) -> pd.DataFrame:
     """What a notebook ran on and with: device, versions, the interpreter's dot model on CPU, and ``params``."""
     import platform
-    from datetime import datetime, timezone
 
     from gdnlab.interp import current_dot_model
+    # No date: a report rerun on unchanged code must read the same (gdnlab reproduce records when it ran).
     info = dict(device=device_name(device), torch=torch.__version__, triton=triton_version(),
                 python=platform.python_version(),
                 execution="compiled" if torch.device(device).type == "cuda" else
-                f"Triton interpreter, dot model {current_dot_model().name!r}",
-                date=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"))
+                f"Triton interpreter, dot model {current_dot_model().name!r}")
     info.update({k: v for k, v in params.items()})
     return pd.DataFrame({"value": [str(v) for v in info.values()]}, index=list(info))
 
@@ -500,16 +499,44 @@ def ablation_view(abl: pd.DataFrame) -> pd.DataFrame:
 
 # ------------------------------------------------------------------------------------------------------- output
 
+#: Columns holding wall times (``model_seconds``, ``seconds``): they change on every run, so :func:`save_table` keeps
+#: them out of the result table (which must not change when nothing changed) and writes them to timings/.
+WALL_TIME_COLUMN = re.compile(r"(^|_)seconds$")
+
+
 def save_table(df: pd.DataFrame | Sequence[pd.DataFrame], out_dir: str | Path | None, name: str) -> Path | None:
     """Write ``df`` (or several tables, concatenated) to ``out_dir/tables/<name>.csv`` (nothing when ``out_dir`` is
-    None); returns the path."""
+    None); returns the path. Wall-time columns (:data:`WALL_TIME_COLUMN`) go to ``out_dir/timings/<name>.csv``
+    instead, beside the table's text columns, so that a rerun of unchanged code rewrites the table byte for byte."""
+    path = output_path(out_dir, "tables", name, "csv")
+    if path is None:
+        return None
+    if not isinstance(df, pd.DataFrame):
+        df = pd.concat(list(df), ignore_index=True)
+    walls = [c for c in df.columns if WALL_TIME_COLUMN.search(str(c))]
+    if walls:
+        keys = [c for c in df.columns if c not in walls and df[c].dtype == object]
+        save_timings(df[keys + walls], out_dir, name)
+        df = df.drop(columns=walls)
+    df.to_csv(path, index=False)
+    return path
+
+
+def save_timings(df: pd.DataFrame, out_dir: str | Path | None, name: str) -> Path | None:
+    """Write wall times to ``out_dir/timings/<name>.csv`` (not committed: they differ on every run)."""
+    path = output_path(out_dir, "timings", name, "csv")
+    if path is not None:
+        df.to_csv(path, index=False)
+    return path
+
+
+def output_path(out_dir: str | Path | None, sub: str, name: str, ext: str) -> Path | None:
+    """``out_dir/<sub>/<name>.<ext>`` with its folder created, None when ``out_dir`` is None; ValueError unless
+    ``name`` is a plain file name (a notebook parameter must not write outside its folder)."""
     if out_dir is None:
         return None
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
         raise ValueError(f"name: must be a plain file name, got {name!r}")
-    if not isinstance(df, pd.DataFrame):
-        df = pd.concat(list(df), ignore_index=True)
-    path = Path(out_dir) / "tables" / f"{name}.csv"
+    path = Path(out_dir) / sub / f"{name}.{ext}"
     path.parent.mkdir(parents=True, exist_ok=True)
-    df.to_csv(path, index=False)
     return path

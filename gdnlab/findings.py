@@ -9,6 +9,7 @@ numbers; it is shown as a summary, never as a finding (docs/design.md §9).
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,7 +21,8 @@ from gdnlab.experiments import ratio_table
 __all__ = [
     "Finding", "reproduces_report", "regime_fit_summary", "ratio_grows_with_chunks", "slow_gate_larger_ratio",
     "final_state_bit_equal", "one_chunk_no_h0_exact", "excess_when_state_enters", "bit_equal_to_baseline",
-    "bv_does_not_matter", "intra_operand_explains", "compare_to_report", "candidate_summary", "Summary",
+    "bv_does_not_matter", "intra_operand_explains", "compare_to_report", "candidate_summary", "candidate_verdict",
+    "candidate_isolation", "bv8_by_release", "KNOWN_DEFECTIVE", "Summary",
 ]
 
 
@@ -30,11 +32,17 @@ class Finding:
 
     claim: str
     numbers: dict[str, Any] = field(default_factory=dict)
+    #: The function that checked the claim (filled in from the caller): how the index finds a notebook's answers.
+    source: str = ""
     #: How a notebook labels it.
     label = "Finding"
 
-    def _repr_markdown_(self) -> str:
-        return f"**{self.label}.** {self.claim}"
+    def __post_init__(self) -> None:
+        if not self.source:
+            self.source = sys._getframe(2).f_code.co_name
+
+    def _repr_markdown_(self) -> tuple[str, dict[str, str]]:
+        return f"**{self.label}.** {self.claim}", {"gdnlab_source": self.source}
 
     def __str__(self) -> str:
         return self.claim
@@ -307,3 +315,71 @@ def candidate_summary(sweep: pd.DataFrame, candidate: str, baseline: str = "two_
                    f"({'with' if worst.initial_state else 'without'} initial state).",
                    dict(within=within, points=len(r), worst=float(worst.ratio)))
 
+
+
+#: The lab's own kernel known to be defective: its verdict must FAIL (any other candidate's must PASS).
+KNOWN_DEFECTIVE = ("fused_shipped",)
+
+
+def candidate_verdict(v: Any) -> Finding:
+    """Assert a candidate's :class:`gdnlab.verdict.Verdict`: a kernel the lab knows to be defective
+    (:data:`KNOWN_DEFECTIVE`) must fail it, any other kernel must pass it. The sentence names every failed check."""
+    expect_pass = v.backend not in KNOWN_DEFECTIVE
+    failed = list(dict.fromkeys(c.check for c in v.failures))
+    nums = dict(ok=v.ok, failed=failed, checks=len(v.checks))
+    if v.ok != expect_pass:
+        want = "pass" if expect_pass else "fail (the lab's known-defective kernel)"
+        raise _fail(f"candidate {v.backend} was expected to {want} its verdict: {v.summary()}", nums)
+    if v.ok:
+        return Finding(f"Verdict on the candidate {v.backend}: PASS, all {len(v.checks)} conformance checks "
+                       f"(`gdnlab check --backend {v.backend}`).", nums)
+    reasons = "; ".join(f"{c.check} [{c.case}]: {c.reason}" for c in v.failures[:3])
+    return Finding(f"Verdict on the candidate {v.backend}: FAIL, as expected of the shipped kernel: "
+                   f"{len(v.failures)} of {len(v.checks)} checks fail ({', '.join(failed)}). First: {reasons}.", nums)
+
+
+def candidate_isolation(iso: pd.DataFrame, candidate: str, baseline: str = "two_kernel") -> Finding:
+    """The candidate's isolation errors next to the baseline's, case by case (a measurement: the verdict asserts)."""
+    nums = {}
+    for c in iso.case.unique():
+        e = iso[iso.case == c].set_index("backend")
+        if candidate in e.index and baseline in e.index:
+            nums[c] = (float(e.max_abs_err[baseline]), float(e.max_abs_err[candidate]),
+                       float(e.state_max_abs_err[baseline]), float(e.state_max_abs_err[candidate]))
+    if not nums:
+        raise _fail(f"candidate_isolation: no rows for {candidate} and {baseline}", list(iso.backend.unique()))
+    parts = "; ".join(f"{c}: output {b:.2e} vs {k:.2e}, state {sb:.2e} vs {sk:.2e}"
+                      for c, (b, k, sb, sk) in nums.items())
+    return Finding(f"Measured, candidate {candidate} against {baseline} ({baseline} vs {candidate}): {parts}.",
+                   dict(errors=nums))
+
+
+def bv8_by_release(rel: pd.DataFrame, kernel: str = "fused_shipped", target: str = "hip:gfx1151") -> Finding:
+    """What each Triton release does with the fused kernel at BV = 8 on ``target`` (the report's gfx1151): asserts
+    that some release rejects it (the report's failure) and that BV >= 16 builds on matrix instructions in every
+    release tried."""
+    from gdnlab import compile_matrix as cm
+    from gdnlab.dot_shapes import _vkey
+    piv = cm.legality_pivot(rel, kernel, by=["target", "release"])
+    piv.columns = [int(float(c)) for c in piv.columns]
+    if target not in piv.index.get_level_values(0) or 8 not in piv.columns:
+        raise _fail(f"bv8_by_release: no BV=8 builds of {kernel} on {target}", piv)
+    t = piv.loc[target]
+    by = {r: str(t.at[r, 8]) for r in sorted(t.index, key=_vkey)}
+    wide = {(tg, r): str(v) for (tg, r), row in piv.iterrows() for bv, v in row.items() if bv >= 16 and v != "MATRIX"}
+    if "REJECTED" not in by.values() or wide:
+        raise _fail(f"bv8_by_release: expected some release to reject BV=8 on {target} and BV>=16 on matrix "
+                    f"instructions everywhere", dict(bv8=by, not_matrix=wide))
+    groups: list[tuple[str, list[str]]] = []
+    for r, v in by.items():
+        if groups and groups[-1][0] == v:
+            groups[-1][1].append(r)
+        else:
+            groups.append((v, [r]))
+    words = {"REJECTED": "rejected at build (the report's failure)", "FMA": "built with its 8-wide dots as FMA loops "
+             "(no matrix instruction: silently different numerics)", "FMA+ERRMSG": "built as FMA loops while printing "
+             "the report's error message", "MATRIX": "built on matrix instructions"}
+    parts = "; ".join(f"Triton {rs[0]}{'-' + rs[-1] if len(rs) > 1 else ''}: {words.get(v, v)}" for v, rs in groups)
+    return Finding(f"BV = 8 on {target} ({kernel}): {parts}. BV = 16, 32 and 64 build on matrix instructions on every "
+                   f"target and release tried, so restricting the autotune list to BV >= 16 (as the report did) is "
+                   f"the portable choice.", dict(bv8=by))

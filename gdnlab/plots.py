@@ -2,7 +2,6 @@
 :mod:`gdnlab.experiments` and returns a matplotlib Figure; :func:`save_figure` writes it as PNG."""
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -209,12 +208,10 @@ def show(fig: Figure, out_dir: str | Path | None = None, name: str | None = None
 
 def save_figure(fig: Figure, out_dir: str | Path | None, name: str, dpi: int = 110) -> Path | None:
     """Write ``fig`` to ``out_dir/figures/<name>.png`` (nothing when ``out_dir`` is None); returns the path."""
-    if out_dir is None:
+    from gdnlab.experiments import output_path
+    path = output_path(out_dir, "figures", name, "png")
+    if path is None:
         return None
-    if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
-        raise ValueError(f"name: must be a plain file name, got {name!r}")
-    path = Path(out_dir) / "figures" / f"{name}.png"
-    path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=dpi, bbox_inches="tight")
     return path
 

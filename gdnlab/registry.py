@@ -56,7 +56,11 @@ def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
                            cu_seqlens: torch.Tensor | None = None, state_v_first: bool = False,
                            backend: str = "two_kernel", **options: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Gated DeltaNet prefill (the recurrence of docs/design.md §1, the contract of §5) on the named backend.
-    Returns (o, final state or None)."""
+    Returns (o, final state or None).
+
+    Dtypes: the lab's Triton backends take bf16 q, k, v (fp16/fp32 are refused with a TypeError naming q); the
+    "reference" backend takes any floating dtype. Unusual but legal values are computed, not refused: g > 0 (the
+    state grows), beta outside [0, 1], non-finite inputs (see gdnlab.validate.check_inputs)."""
     fn = get_backend(backend)
     if not getattr(fn, "validates_itself", False):
         check_inputs(q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,

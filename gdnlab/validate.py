@@ -81,6 +81,7 @@ def check_inputs(
     state_v_first: bool = False,
     output_final_state: bool = False,
     use_qk_l2norm_in_kernel: bool = False,
+    dtypes: tuple[torch.dtype, ...] | None = None,
 ) -> Problem:
     """Validate one gated-delta-rule call and return its :class:`Problem`.
 
@@ -88,6 +89,15 @@ def check_inputs(
     initial_state ``[N,HV,K,V]`` (``[N,HV,V,K]`` with ``state_v_first``); cu_seqlens 1-d integer ``[N+1]`` with B == 1,
     on q's device or on the cpu (a host copy makes a call capturable in a CUDA graph).
     With cu_seqlens the buffer may be longer than ``cu_seqlens[-1]``: the trailing rows are padding.
+
+    ``dtypes``: the q/k/v dtypes the calling backend computes in (None: any floating dtype, as the float64 reference
+    takes). The lab's Triton kernels pass ``(torch.bfloat16,)``: their dots mix q/k/v with bf16 operands, so an fp16
+    or fp32 call is refused here, naming the argument, instead of failing inside Triton.
+
+    Legal but unusual values are accepted and computed as the recurrence defines them, not refused: a positive ``g``
+    (log-space gate, so the state *grows* by exp(g) per token and the result may overflow), ``beta`` outside [0, 1]
+    (the delta rule's step size: above 1 it overshoots, below 0 it moves away from the target), and non-finite
+    values in any tensor (they propagate to the outputs). The inputs the lab draws keep g <= 0 and beta in (0, 1).
 
     Raises TypeError for wrong argument types or mixed float dtypes, ValueError for wrong shapes, devices or values.
     """
@@ -105,6 +115,10 @@ def check_inputs(
     # ---- dtypes
     if not q.dtype.is_floating_point:
         raise TypeError(f"q: must have a floating dtype, got {q.dtype}")
+    if dtypes is not None and q.dtype not in dtypes:
+        supported = ", ".join(str(d) for d in dtypes)
+        raise TypeError(f"q: this backend computes q, k, v in {supported} only, got {q.dtype}; cast them first "
+                        f"(e.g. q.to({dtypes[0]})) or use backend='reference' (any floating dtype)")
     for name, x in (("k", k), ("v", v)):
         if x.dtype != q.dtype:
             raise TypeError(f"{name}: must have q's dtype {q.dtype}, got {x.dtype}")

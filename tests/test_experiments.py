@@ -228,7 +228,8 @@ def test_failed_notebook_keeps_previous_report(tmp_path, monkeypatch):
     flag.unlink()
     assert reproduce(out=out, nb_dir=nbs, progress=False, only=["flaky"]) == 0
     assert not (out / "failed" / "b_flaky.html").exists()
-    assert math.isfinite(json.loads((out / "manifest.json").read_text())["notebooks"]["a_ok"]["seconds"])
+    assert math.isfinite(json.loads((out / "timings.json").read_text())["notebooks"]["b_flaky"])
+    assert "seconds" not in json.loads((out / "manifest.json").read_text())["notebooks"]["a_ok"]
 
 
 def test_reproduce_usage_errors(tmp_path):

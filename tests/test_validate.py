@@ -166,3 +166,24 @@ def test_padding_and_empty_sequences_accepted() -> None:
     kw = _good_varlen()
     p = check_inputs(**{**kw, "cu_seqlens": torch.tensor([0, 0, 12, 12], dtype=torch.int64)})
     assert p.seqlens == [0, 12, 0] and p.T == 21
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32, torch.float64])
+@pytest.mark.parametrize("backend", ["two_kernel", "fused_fixed", "fast"])
+def test_triton_backends_refuse_non_bf16_naming_q(backend: str, dtype: torch.dtype) -> None:
+    """The Triton kernels compute in bf16: other q/k/v dtypes are refused at the entry point, naming q and the
+    supported dtype, before any kernel runs (they used to fail inside Triton's interpreter)."""
+    import gdnlab
+    kw = {k: (v.to(dtype) if k in ("q", "k", "v") else v) for k, v in _good().items()}
+    with pytest.raises(TypeError, match=r"^q: this backend computes q, k, v in torch.bfloat16 only, got "):
+        gdnlab.chunk_gated_delta_rule(**kw, backend=backend)
+    o, _ = gdnlab.chunk_gated_delta_rule(**kw, backend="reference")  # the reference takes any floating dtype
+    assert torch.isfinite(o).all()
+
+
+def test_supported_dtypes_leave_other_calls_alone() -> None:
+    kw = _good()
+    assert check_inputs(**kw, dtypes=(kw["q"].dtype,)).dtype == kw["q"].dtype
+    with pytest.raises(TypeError, match=r"^q: this backend computes q, k, v in torch.bfloat16 only"):
+        check_inputs(**{**kw, "q": kw["q"].half(), "k": kw["k"].half(), "v": kw["v"].half()},
+                     dtypes=(torch.bfloat16,))

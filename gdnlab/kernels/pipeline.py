@@ -15,6 +15,8 @@ from gdnlab.kernels.prologue import ChunkPlan, Prologue, alloc, run_prologue
 from gdnlab.kernels.two_kernel import two_kernel
 from gdnlab.validate import Problem, check_inputs
 
+#: The q/k/v dtypes the lab's Triton kernels take (others are refused at the entry point, naming q).
+KERNEL_DTYPES = (torch.bfloat16,)
 #: The state-and-output stages the pipeline can end with.
 PATHS = ("two_kernel", "fused")
 
@@ -37,11 +39,11 @@ def flatten(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, 
             scale: float | None = None, initial_state: torch.Tensor | None = None,
             cu_seqlens: torch.Tensor | None = None, state_v_first: bool = False, output_final_state: bool = False,
             use_qk_l2norm_in_kernel: bool = False) -> Flat:
-    """Validate a call (gdnlab.validate.check_inputs) and give the kernels' view of it: batch and time merged into
-    one token axis (docs/design.md §5), the chunk plan built."""
+    """Validate a call (gdnlab.validate.check_inputs; q, k, v in KERNEL_DTYPES) and give the kernels' view of it:
+    batch and time merged into one token axis (docs/design.md §5), the chunk plan built."""
     p = check_inputs(q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
                      state_v_first=state_v_first, output_final_state=output_final_state,
-                     use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)
+                     use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, dtypes=KERNEL_DTYPES)
     tokens = p.B * p.T
 
     def rows(x: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
