@@ -56,7 +56,7 @@ import torch
 
 from gdnlab import backends as _backends
 from gdnlab import metrics
-from gdnlab.experiments import _takes_options, reference
+from gdnlab.experiments import reference, takes_option
 from gdnlab.inputs import GDNInputs, make_inputs
 
 __all__ = ["GROWTH_MARGIN", "H0_EFFECT_FRACTION", "VerdictCase", "Check", "Verdict", "quick_cases", "full_cases",
@@ -210,7 +210,7 @@ def _call(backend: str, inp: GDNInputs) -> tuple[torch.Tensor, torch.Tensor | No
     takes it. A wrapper that forwards ``**kwargs`` to a library which refuses ``poison`` is called again without."""
     import gdnlab
 
-    if _takes_options(_backends.get_backend(backend), "poison"):
+    if takes_option(_backends.get_backend(backend), "poison"):
         try:
             return gdnlab.chunk_gated_delta_rule(**inp.kwargs(), backend=backend, poison=True)
         except TypeError as e:

@@ -155,13 +155,13 @@ def test_regime_sweep_and_fit():
         ex.report_table(sweep, decay=0.002)
     summary = findings.regime_fit_summary(fit)
     assert "Closest to the report" in summary.claim
-    assert isinstance(summary, findings.Summary) and not summary._repr_markdown_().startswith("**Finding.**")
+    assert isinstance(summary, findings.Summary) and not summary._repr_markdown_()[0].startswith("**Finding.**")
 
 
 def test_summaries_are_labelled_and_need_rows():
     iso = pd.DataFrame([dict(case="c1", backend="fused_shipped", max_abs_err=3e-3, report_max_abs_err=4e-3)])
     s = findings.compare_to_report(iso)
-    assert isinstance(s, findings.Summary) and "descriptive" in s._repr_markdown_()
+    assert isinstance(s, findings.Summary) and "descriptive" in s._repr_markdown_()[0]
     with pytest.raises(AssertionError, match="no fused_shipped rows"):
         findings.compare_to_report(iso.assign(report_max_abs_err=0.0))
 

@@ -61,7 +61,7 @@ def test_meets_target_and_summary_show_misses():
     s = speed.target_summary(tg)
     assert isinstance(s, Summary) and s.numbers["auto / fastest (eager)"] == (1, 2)
     assert "auto / fastest <= 1.05 (eager): met at 1 of 2 sizes; not met at 1x512 1.100x (goal <= 1.05)" in s.claim
-    assert "not asserted" in s._repr_markdown_()
+    assert "not asserted" in s._repr_markdown_()[0]
 
 
 def test_findings_hold_or_fail_with_numbers():
