@@ -16,14 +16,16 @@ from gdnlab import runs
 from gdnlab.findings import Finding, Summary, _fail
 from gdnlab.peers import PEERS
 from gdnlab.speed import TIMINGS, judge, load_bench_frame
+from gdnlab.verdict import growth_slope
 
 __all__ = ["PEER_NAMES", "load", "in_budget", "growth_slopes", "error_at", "speed_vs_fastest", "field_table",
            "peers_conform", "growth_like_two_kernel", "most_accurate", "fastest_by_shape", "fast_targets"]
 
 #: The peer backends (gdnlab.peers) as the device tables name them.
 PEER_NAMES = tuple(PEERS)
-#: How much steeper than the two-kernel path's a path's error may grow with chunk count (the slope of
-#: log10(max error) against log10(chunks)) and still count as growing like it: fixed before the peers ran.
+#: How much steeper than the two-kernel path's a path's error may grow with chunk count (the slope of log(max error)
+#: against log(chunks)) and still count as growing like it, over 1-1024 chunks: fixed before the peers ran. Tighter
+#: than gdnlab.verdict.GROWTH_MARGIN, whose quick sets fit a slope over a few chunks only.
 GROWTH_MARGIN = 0.1
 
 
@@ -51,13 +53,13 @@ def in_budget(conf: pd.DataFrame) -> pd.Series:
 
 
 def growth_slopes(sweep: pd.DataFrame) -> pd.DataFrame:
-    """The slope of log10(max abs error) against log10(chunks) per backend, regime and initial-state setting
-    (least squares over every chunk count of the sweep)."""
+    """The slope of log(max abs error) against log(chunks) per backend, regime and initial-state setting
+    (gdnlab.verdict.growth_slope over every chunk count of the sweep)."""
     d = sweep[sweep.error.isna() | (sweep.error.astype(str) == "")]
     rows = []
     for (regime, h0, be), g in d.groupby(["regime", "initial_state", "backend"], sort=False):
-        slope = np.polyfit(np.log10(g.n_chunks), np.log10(g.max_abs_err), 1)[0]
-        rows.append(dict(regime=regime, initial_state=h0, backend=be, slope=float(slope)))
+        slope = growth_slope(g.n_chunks.tolist(), g.max_abs_err.tolist())
+        rows.append(dict(regime=regime, initial_state=h0, backend=be, slope=slope))
     return pd.DataFrame(rows)
 
 

@@ -62,8 +62,8 @@ class NotebookSpec:
     title: str
     quick: dict[str, Any] = field(default_factory=dict)
     cuda: dict[str, Any] = field(default_factory=dict)
-    #: Peer backends added to ``backends`` on CUDA when registered there (e.g. flash-linear-attention's "fla").
-    gpu_peers: tuple[str, ...] = ()
+    #: Add the field's kernels (gdnlab.peers: FLA, FlashQLA, FlashInfer) to ``backends`` on CUDA, those registered.
+    with_peers: bool = False
 
 
 _TINY = {"H": 1, "HV": 1, "K": 64, "V": 64}
@@ -78,13 +78,13 @@ NOTEBOOKS: tuple[NotebookSpec, ...] = (
                   fit_decays=[None, 1.0, 0.1, 0.03, 0.01, 0.003, 0.001, 0.0003, 0.0001],
                   fit_h0_scales=[0.02, 0.05, 0.1], grid_decays=[None, 1.0, 0.1, 0.01, 0.003, 0.001, 0.0001],
                   grid_chunks=[1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024], grid_shape=_CUTEDSL),
-        gpu_peers=("fla",)),
+        with_peers=True),
     NotebookSpec(
         "02_bv_sweep", "BV sweep at seq_len 128",
         quick=dict(bvs=[32, 64], shape=_TINY), cuda=dict(shape=_CUTEDSL, num_warps=8)),
     NotebookSpec(
         "03_isolation", "Isolation: where the fused kernel's error enters", quick=dict(shape=_TINY),
-        gpu_peers=("fla",)),
+        with_peers=True),
     NotebookSpec(
         "04_root_cause", "Root cause: ablation over the fused kernel's switches",
         quick=dict(seq_lens=[64, 128], shape=_TINY),
@@ -182,13 +182,14 @@ def notebook_parameters(spec: NotebookSpec, *, device: str, quick: bool, out_dir
                         backend: str | None = None, plugins: Sequence[str] = ()) -> dict[str, Any]:
     """The papermill parameters of one notebook run."""
     from gdnlab.backends import BACKENDS
+    from gdnlab.peers import PEERS
 
     p: dict[str, Any] = dict(device=device, quick=quick, out_dir=str(out_dir), progress=False, plugins=list(plugins))
     if device == "cuda":
         p.update(spec.cuda)
     if quick:
         p.update(spec.quick)
-    extra = [b for b in spec.gpu_peers if device == "cuda" and b in BACKENDS]
+    extra = [b for b in PEERS if spec.with_peers and device == "cuda" and b in BACKENDS]
     if backend is not None:
         p["candidate"] = backend
         extra.append(backend)

@@ -58,6 +58,7 @@ from gdnlab import backends as _backends
 from gdnlab import metrics
 from gdnlab.experiments import reference, takes_option
 from gdnlab.inputs import GDNInputs, make_inputs
+from gdnlab.kernel_params import BT
 
 __all__ = ["GROWTH_MARGIN", "H0_EFFECT_FRACTION", "VerdictCase", "Check", "Verdict", "quick_cases", "full_cases",
            "growth_chunks", "growth_slope", "verdict"]
@@ -66,8 +67,6 @@ __all__ = ["GROWTH_MARGIN", "H0_EFFECT_FRACTION", "VerdictCase", "Check", "Verdi
 GROWTH_MARGIN = 0.5
 #: The output and final state must lie within this fraction of the initial state's effect of the h0 reference.
 H0_EFFECT_FRACTION = 0.1
-#: Chunk length of every kernel.
-CHUNK = 64
 
 
 @dataclass(frozen=True)
@@ -320,7 +319,7 @@ def _growth(backend: str, baseline: str, quick: bool, shape: dict[str, int],
     """The error-growth check (prefixes of one sequence: the kernels are causal, so the first n rows of a run are
     the run of the first n tokens)."""
     chunks = growth_chunks(quick)
-    inp = VerdictCase("growth", T=CHUNK * max(chunks), initial_state=False, seed=221).inputs(shape, device)
+    inp = VerdictCase("growth", T=BT * max(chunks), initial_state=False, seed=221).inputs(shape, device)
     o_ref, _ = reference(inp)
     errs: dict[str, list[float]] = {}
     for b in dict.fromkeys([baseline, backend]):
@@ -333,7 +332,7 @@ def _growth(backend: str, baseline: str, quick: bool, shape: dict[str, int],
         except Exception as e:  # noqa: BLE001
             return [Check(f"error growth vs {baseline}", "growth", False,
                           reason=f"{b} raised {type(e).__name__}: {str(e)[:200]}")], {}
-        errs[b] = [metrics.errors(o[:, :CHUNK * n], o_ref[:, :CHUNK * n])["max_abs"] for n in chunks]
+        errs[b] = [metrics.errors(o[:, :BT * n], o_ref[:, :BT * n])["max_abs"] for n in chunks]
         if b == baseline:
             _BASELINE_GROWTH[key] = errs[b]
     s_c, s_b = growth_slope(chunks, errs[backend]), growth_slope(chunks, errs[baseline])
