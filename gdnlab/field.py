@@ -77,6 +77,11 @@ def speed_vs_fastest(bench: pd.DataFrame, timing: str) -> pd.DataFrame:
     return t.div(t.min(axis=1), axis=0)
 
 
+def _env(bench: pd.DataFrame) -> dict[str, str]:
+    """The device, torch, Triton and seed columns every lab table carries, from the bench run."""
+    return bench[["device", "torch", "triton", "seed"]].iloc[0].to_dict()
+
+
 def _geo(x: pd.Series) -> float:
     x = x.dropna()
     return float(np.exp(np.log(x).mean())) if len(x) else math.nan
@@ -101,7 +106,7 @@ def field_table(conf: pd.DataFrame, sweep: pd.DataFrame, bench: pd.DataFrame, ch
             row[f"{label}_vs_fastest"] = _geo(col)
             row[f"{label}_worst"] = float(col.max()) if col.notna().any() else math.nan
         rows.append(row)
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows).assign(**_env(bench))
 
 
 # ---- findings -------------------------------------------------------------------------------------------------------
@@ -210,4 +215,4 @@ def fast_targets(bench: pd.DataFrame, sweep: pd.DataFrame, small_tokens: int = 4
         for shape in t[tm].index:
             add(f"fused_fixed / fused_shipped ({label})", shape,
                 t[tm].at[shape, "fused_fixed"] / t[tm].at[shape, "fused_shipped"], 1.05)
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows).assign(**_env(bench))
