@@ -2,7 +2,7 @@
 
 For every instruction that mmasim models and a gdnlab model claims (``gdnlab.mma.MMASIM_TARGETS``), draw random
 instruction tiles of every kind in ``gdnlab.mma.TILE_KINDS`` (hard cases included), run them through mmasim and
-through the model, and write ``reports/tables/mma_models_vs_mmasim.csv``. Two rows per instruction: single
+through the model, and write ``mma_models_vs_mmasim.csv`` under --out (commit it as a run of data/cpu/). Two rows per instruction: single
 instructions (the instruction's own K) and chains of instructions over K = 64 (each D feeding the next C, as a
 compiled ``tl.dot`` walks K).
 
@@ -29,7 +29,6 @@ import numpy as np
 
 from gdnlab import mma
 
-ROOT = Path(__file__).resolve().parents[1]
 CHAIN_K = 64
 
 # Not a MODELS entry: the PairwiseFP32Add code path with k_block=2 (used, without flushing, by rdna3_hyp_dot2),
@@ -125,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tiles", type=int, default=10_000, help="tiles per single-instruction row")
     ap.add_argument("--chain-tiles", type=int, default=2_500, help="tiles per chained (K=64) row")
     ap.add_argument("--seed", type=int, default=2025)
-    ap.add_argument("--out", type=Path, default=ROOT / "reports" / "tables" / "mma_models_vs_mmasim.csv")
+    ap.add_argument("--out", type=Path, required=True, help="the CSV to write (file it with gdnlab.runs.file_run)")
     ap.add_argument("--only", default="", help="comma-separated targets to rerun (other rows of --out are kept)")
     args = ap.parse_args(argv)
     targets = dict(mma.MMASIM_TARGETS)

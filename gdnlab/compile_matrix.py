@@ -39,10 +39,27 @@ from gdnlab.dot_shapes import BV_KERNELS, KERNELS, TARGETS, check_dot_shapes
 from gdnlab.kernel_params import BT, FUSED_VARIANTS, STATE_BVS
 
 ROOT = Path(__file__).resolve().parents[1]
-TABLES = ROOT / "reports" / "tables"
-MATRIX_CSV = TABLES / "compile_matrix.csv"
-RELEASES_CSV = TABLES / "compile_matrix_releases.csv"
+#: The tables' file names; the committed ones are runs of data/cpu/ (RUNS.csv), read through :func:`committed`.
+MATRIX, RELEASES = "compile_matrix.csv", "compile_matrix_releases.csv"
 CACHE = Path(os.environ.get("GDNLAB_CACHE", Path.home() / ".cache" / "gdnlab"))
+#: Where a build writes before it is filed as a run: a stable path, so that --resume and --collect find its checkpoint.
+STAGING = CACHE / "out"
+
+
+def committed(name: str) -> Path:
+    """The committed table `name` (MATRIX or RELEASES): the file of the latest CPU run that holds it."""
+    from gdnlab import runs
+    return runs.path(runs.latest("cpu", has=name), name, "cpu")
+
+
+def _file(out: Path, kind: str, purpose: str, triton_version: str) -> None:
+    """File a finished default build as a run of data/cpu/ (gdnlab.runs.file_run) and say where it went."""
+    import torch
+
+    from gdnlab import runs
+    rid = runs.file_run("cpu", kind, purpose, [out], dict(device="cpu (no GPU: builds only)", torch=torch.__version__,
+                                                          triton=triton_version))
+    print(f"filed as data/cpu/{rid}/{out.name} (listed in data/cpu/RUNS.csv)")
 
 #: The shipped fused kernel's autotune space.
 BVS = STATE_BVS
@@ -553,14 +570,14 @@ def _worker_main(jin: str, jout: str, workers: int) -> int:
 def load_matrix(path: str | Path | None = None) -> "Any":
     """The compile matrix as a DataFrame (BV as a nullable int)."""
     import pandas as pd
-    df = pd.read_csv(path or MATRIX_CSV, keep_default_na=False, dtype=str)
+    df = pd.read_csv(path or committed(MATRIX), keep_default_na=False, dtype=str)
     return _typed(df)
 
 
 def load_releases(path: str | Path | None = None) -> "Any":
     """The release sweep as a DataFrame."""
     import pandas as pd
-    df = pd.read_csv(path or RELEASES_CSV, keep_default_na=False, dtype=str)
+    df = pd.read_csv(path or committed(RELEASES), keep_default_na=False, dtype=str)
     return _typed(df)
 
 
@@ -658,7 +675,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="a 12-build subset (fused_shipped, fwd_o; BV 8, 64)")
     ap.add_argument("--releases", default=None,
                     help="comma-separated Triton releases (or 'all') to sweep in throwaway venvs")
-    ap.add_argument("--out", default=None, help="CSV to write (default: reports/tables/compile_matrix*.csv; "
+    ap.add_argument("--out", default=None, help="CSV to write (default: a new run of data/cpu/, RUNS.csv; "
                                                 "--quick writes nothing unless given)")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--resume", action="store_true",
@@ -687,9 +704,12 @@ def main(argv: list[str] | None = None) -> int:
             ok = sum(r["status"] == "ok" for r in got)
             print(f"triton {v}: {ok}/{len(got)} ok ({time.perf_counter() - t1:.0f} s)", flush=True)
             print(summarize(got), flush=True)
-        out = Path(a.out) if a.out else RELEASES_CSV
+        out = Path(a.out) if a.out else STAGING / RELEASES
         _write(rows, out, RELEASE_COLUMNS)
         print(f"wrote {out} ({len(rows)} rows, {time.perf_counter() - t0:.0f} s)")
+        if not a.out:
+            _file(out, "compile-releases", f"the release sweep (Triton {', '.join(versions)}), gdnlab compile-matrix "
+                  "--releases; notebook 05", "/".join(versions))
         return 0
 
     full = job_list = jobs(quick=a.quick)
@@ -700,14 +720,14 @@ def main(argv: list[str] | None = None) -> int:
         if unknown or not names:
             ap.error(f"--kernels: unknown {sorted(unknown)}; known: {', '.join(KERNELS)}")
         job_list = [j for j in full if j["kernel"] in names]
-        old = Path(a.out) if a.out else MATRIX_CSV
+        old = Path(a.out) if a.out else committed(MATRIX)
         if old.exists():
             import pandas as pd
             keep = [r for r in pd.read_csv(old, keep_default_na=False).to_dict("records") if r["kernel"] not in names]
             for r in keep:
                 r["BV"] = None if r["BV"] in ("", None) else int(r["BV"])
     if a.collect:  # write the CSV from an interrupted run's checkpoint, building nothing
-        out = Path(a.out) if a.out else MATRIX_CSV
+        out = Path(a.out) if a.out else STAGING / MATRIX
         ckpt = _checkpoint_path(out)
         got = {}
         for line in (ckpt.read_text().splitlines() if ckpt.exists() else []):
@@ -724,7 +744,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     t0 = time.perf_counter()
     sha = kernels_sha()  # of the sources the spawned workers import now
-    out = Path(a.out) if a.out else (None if a.quick else MATRIX_CSV)
+    out = Path(a.out) if a.out else (None if a.quick else STAGING / MATRIX)
     ckpt = None
     if out is not None:
         ckpt = _checkpoint_path(out)
@@ -748,6 +768,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wrote {out}" + ("" if built == len(job_list) else f" (partial: {built}/{len(job_list)})"))
         if ckpt is not None and built == len(job_list):
             ckpt.unlink(missing_ok=True)
+            if not a.out:
+                _file(out, "compile-matrix", "every lab kernel built for Hopper, MI300X and RDNA3.5 without the "
+                      "hardware (gdnlab compile-matrix); notebook 05", rows[0]["triton_version"] if rows else "?")
     return 0 if ok else 1
 
 

@@ -230,7 +230,7 @@ class Lowering:
 
 REPORT_ERROR = "no matching matrix core intrinsic for wmma version 1 with instruction shape [0, 0, 64]"
 
-#: Measured: reports/tables/compile_matrix_releases.csv (hip targets, Triton 3.0-3.8, BV 8..64, 4 warps, 2 stages)
+#: Measured: compile_matrix_releases.csv (data/cpu/RUNS.csv) (hip targets, Triton 3.0-3.8, BV 8..64, 4 warps, 2 stages)
 #: and compile_matrix.csv (all targets, the installed Triton). Releases 3.0-3.2 never get here: their tl.dot
 #: assertion (FRONTEND_MIN) rejects the BV = 8 dots first. cuda before 3.9 was not measured.
 SMALL_DOT_LOWERING: tuple[Lowering, ...] = (

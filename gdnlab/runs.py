@@ -11,11 +11,16 @@ kind is what :func:`latest` and :func:`select` filter on; the rest says what the
 """
 from __future__ import annotations
 
+import datetime
+import json
+import shutil
+import subprocess
 from pathlib import Path
 
 import pandas as pd
 
-__all__ = ["COLUMNS", "TIMING_METHODS", "RunError", "data_dir", "runs", "kind", "select", "latest", "path", "load"]
+__all__ = ["COLUMNS", "TIMING_METHODS", "RunError", "data_dir", "runs", "kind", "select", "latest", "path", "load",
+           "file_run"]
 
 #: RUNS.csv's columns, in order.
 COLUMNS = ("run_id", "utc_time", "commit", "device", "driver", "torch", "triton", "peers", "timing_method", "purpose")
@@ -105,3 +110,33 @@ def path(run_id: str, filename: str, device: str = "h200") -> Path:
 def load(run_id: str, filename: str, device: str = "h200") -> pd.DataFrame:
     """A run's CSV file as a DataFrame (see :func:`path`)."""
     return pd.read_csv(path(run_id, filename, device))
+
+
+def file_run(device: str, kind_: str, purpose: str, files: list[str | Path], env: dict[str, str],
+             timing_method: str = "none", peers: str = "") -> str:
+    """Commit-ready filing of one run: copy `files` into ``data/<device>/<UTC start>-<kind_>/`` with `env` (which
+    must name device, torch and triton) as env.json and the date, and append its row to RUNS.csv (commit: this
+    checkout's HEAD). Returns the run id. `purpose` is the text after the kind (the row reads "kind_: purpose")."""
+    if timing_method not in TIMING_METHODS:
+        raise ValueError(f"timing_method: must be one of {', '.join(TIMING_METHODS)}, got {timing_method!r}")
+    missing = [k for k in ("device", "torch", "triton") if not env.get(k)]
+    if missing:
+        raise ValueError(f"env: must name {', '.join(missing)}")
+    now = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0)
+    run_id = f"{now:%Y-%m-%dT%H%M}-{kind_}"
+    folder = data_dir(device) / run_id
+    if folder.exists():
+        raise RunError(f"run {run_id!r} already exists in {data_dir(device)}")
+    folder.mkdir(parents=True)
+    for f in files:
+        shutil.copy2(f, folder / Path(f).name)
+    env = {**env, "date": env.get("date", now.isoformat())}
+    (folder / "env.json").write_text(json.dumps(env, indent=1) + "\n")
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                          cwd=data_dir(device).parent).stdout.strip() or "?"
+    row = dict(run_id=run_id, utc_time=now.strftime("%Y-%m-%dT%H:%M:%SZ"), commit=head, device=env["device"],
+               driver=env.get("driver", ""), torch=env["torch"], triton=env["triton"], peers=peers,
+               timing_method=timing_method, purpose=f"{kind_}: {purpose}")
+    registry = data_dir(device) / "RUNS.csv"
+    pd.DataFrame([row], columns=list(COLUMNS)).to_csv(registry, mode="a", index=False, header=not registry.exists())
+    return run_id

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from gdnlab import compile_matrix as cm, dot_shapes as ds
-from gdnlab.compile_matrix import (BVS, MATRIX_CSV, RELEASES_CSV, STAGES, WARPS, dot_lowering, jobs,
+from gdnlab.compile_matrix import (BVS, MATRIX, RELEASES, STAGES, WARPS, committed, dot_lowering, jobs,
                                    matrix_instructions)
 
 SHIPPED_AUTOTUNE = [dict(BV=bv, num_warps=w, num_stages=s) for bv in BVS for w in WARPS for s in STAGES]
@@ -185,7 +185,7 @@ def _agree(row: dict[str, str], version: str) -> None:
 
 
 def test_matrix_csv_rows_are_jobs_and_cover_the_shipped_kernel():
-    rows = _rows(MATRIX_CSV)
+    rows = _rows(committed(MATRIX))
     got = [(r["target"], r["kernel"], r["BV"], r["num_warps"], r["num_stages"]) for r in rows]
     want = {(j["target"], j["kernel"], "" if j["BV"] is None else str(j["BV"]), str(j["num_warps"]),
              str(j["num_stages"])) for j in jobs()}
@@ -199,19 +199,19 @@ def test_matrix_csv_rows_are_jobs_and_cover_the_shipped_kernel():
 
 
 def test_static_check_agrees_with_the_matrix():
-    for row in _rows(MATRIX_CSV):
+    for row in _rows(committed(MATRIX)):
         _agree(row, row["triton_version"])
 
 
 def test_static_check_agrees_with_every_release():
-    rows = [r for r in _rows(RELEASES_CSV) if not r["error"].startswith(("venv setup failed", "driver failed"))]
+    rows = [r for r in _rows(committed(RELEASES)) if not r["error"].startswith(("venv setup failed", "driver failed"))]
     assert rows
     for row in rows:
         _agree(row, row["release"])
 
 
 def test_which_release_prints_the_reports_error():
-    rows = _rows(RELEASES_CSV)
+    rows = _rows(committed(RELEASES))
     hits = {(r["release"], r["target"], r["BV"]) for r in rows if ds.REPORT_ERROR in r["diagnostic"] + r["error"]}
     assert hits and {h[1] for h in hits} == {"hip:gfx1151"} and {h[2] for h in hits} == {"8"}
     assert {h[0] for h in hits} == {r["release"] for r in rows if r["release"].startswith("3.7")}

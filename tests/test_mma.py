@@ -4,14 +4,12 @@ from __future__ import annotations
 import csv
 import itertools
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-from gdnlab import mma
+from gdnlab import mma, runs
 
-ROOT = Path(__file__).resolve().parents[1]
 NO_SPECIALS = tuple(k for k in mma.TILE_KINDS if k != "specials")
 
 
@@ -63,7 +61,7 @@ def test_mmasim_batched_call_matches_instruction_object() -> None:
 
 
 def test_committed_table_meets_target() -> None:
-    path = ROOT / "reports" / "tables" / "mma_models_vs_mmasim.csv"
+    path = runs.path(runs.latest("cpu", has="mma_models_vs_mmasim.csv"), "mma_models_vs_mmasim.csv", "cpu")
     rows = list(csv.DictReader(open(path)))
     covered = {spec["model"] for spec in mma.MMASIM_TARGETS.values()}
     for model in covered:

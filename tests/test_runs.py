@@ -68,3 +68,18 @@ def test_errors_name_the_run_and_the_file(tmp_path, monkeypatch):
     with pytest.raises(runs.RunError, match="no run registry for device 'tpu'"):
         runs.runs("tpu")
     assert runs.kind("bench: a: b") == "bench"
+
+
+def test_file_run_copies_the_files_and_registers_the_run(tmp_path, monkeypatch):
+    monkeypatch.setattr(runs, "data_dir", lambda device="gpu": tmp_path / device)
+    src = tmp_path / "bench.csv"
+    src.write_text("backend,ms\nfast,1.0\n")
+    with pytest.raises(ValueError, match="env: must name torch, triton"):
+        runs.file_run("gpu", "bench", "x", [src], dict(device="d"))
+    rid = runs.file_run("gpu", "bench", "a test run", [src], dict(device="d", torch="t", triton="3"))
+    assert runs.latest("gpu", purpose="bench", has="bench.csv") == rid
+    row = runs.runs("gpu").iloc[-1]
+    assert row.purpose == "bench: a test run" and row.timing_method == "none" and row.device == "d"
+    env = json.loads((tmp_path / "gpu" / rid / "env.json").read_text())
+    assert env["torch"] == "t" and env["date"].startswith(row.utc_time.strftime("%Y-%m-%dT%H:%M"))
+    assert runs.load(rid, "bench.csv", "gpu").ms.tolist() == [1.0]

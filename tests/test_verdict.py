@@ -12,6 +12,7 @@ import torch
 
 import gdnlab
 from gdnlab.backends import register_backend
+from gdnlab.compile_matrix import RELEASES, committed
 from gdnlab.verdict import GROWTH_MARGIN, growth_slope, verdict
 
 # A plugin as a user would write it: the float64 reference, but the initial state dropped.
@@ -153,12 +154,10 @@ def test_candidate_verdict_asserts_the_expected_outcome():
 def test_bv8_answer_from_the_committed_release_sweep():
     """The BV = 8 answer is computed from the release sweep: it names a rejecting release, and refuses a sweep in which
     no release rejects BV = 8 on gfx1151."""
-    from pathlib import Path
-
     import pandas as pd
 
     from gdnlab import findings
-    rel = pd.read_csv(Path(__file__).resolve().parents[1] / "reports" / "tables" / "compile_matrix_releases.csv")
+    rel = pd.read_csv(committed(RELEASES))
     f = findings.bv8_by_release(rel)
     assert "rejected at build" in f.claim and f.source == "bv8_by_release"
     assert "REJECTED" in f.numbers["bv8"].values()
