@@ -679,6 +679,8 @@ ANSWERS: tuple[tuple[str, str, str], ...] = (
     ("What does the fix cost?", "fix_is_free", "07"),
     ("Is the defect specific to one GPU architecture?", "answer", "06"),
     ("What happens to BV = 8?", "bv8_by_release", "05"),
+    ("Do the field's kernels (FLA, FlashQLA, FlashInfer) pass the same suite?", "peers_conform", "08"),
+    ("Which is the most accurate out to 1024 chunks?", "most_accurate", "08"),
 )
 
 
