@@ -24,8 +24,9 @@ __all__ = ["PEER_NAMES", "load", "in_budget", "growth_slopes", "error_at", "spee
 #: The peer backends (gdnlab.peers) as the device tables name them.
 PEER_NAMES = tuple(PEERS)
 #: How much steeper than the two-kernel path's a path's error may grow with chunk count (the slope of log(max error)
-#: against log(chunks)) and still count as growing like it, over 1-1024 chunks: fixed before the peers ran. Tighter
-#: than gdnlab.verdict.GROWTH_MARGIN, whose quick sets fit a slope over a few chunks only.
+#: against log(chunks)) and still count as growing like it, over 1-1024 chunks. Fixed before any slope was computed,
+#: though after the sweep's errors had been printed (docs/speed-notes.md item 21); tighter than
+#: gdnlab.verdict.GROWTH_MARGIN, whose quick sets fit a slope over a few chunks only.
 GROWTH_MARGIN = 0.1
 
 
