@@ -14,8 +14,6 @@ SHAPES: list[tuple[Any, Any]] = [(1, 512), (1, 1024), (1, 2048), (1, 4096), (1, 
                                  (8, 2048), (4, 8192), ("varlen", None)]
 #: The ragged batch's sequence lengths (one token to 4096, unaligned to the chunk).
 VARLEN = [3000, 17, 512, 1, 4096, 700, 64, 129, 2048, 333]
-#: The lab's Triton backends (they take poison=True).
-TRITON_BACKENDS = ("two_kernel", "fused_shipped", "fused_fixed", "fast", "auto")
 
 
 def parse_label(label: str) -> tuple[str, dict[str, Any]]:

@@ -16,7 +16,7 @@ from gdnlab import peers, reference
 from gdnlab.auto import auto_backend
 from gdnlab.kernel_params import FIXED, OUT_BVS, SHIPPED, STATE_BVS
 from gdnlab.kernels.prologue import SOLVE, SOLVES
-from gdnlab.registry import BACKENDS, Backend, chunk_gated_delta_rule, get_backend, register_backend
+from gdnlab.registry import UNAVAILABLE, BACKENDS, Backend, chunk_gated_delta_rule, get_backend, register_backend
 from gdnlab.validate import Problem
 
 __all__ = ["BACKENDS", "Backend", "chunk_gated_delta_rule", "get_backend", "register_backend", "FAST",

@@ -70,6 +70,10 @@ def _check(argv: list[str]) -> int:
     except ImportError as e:
         print(f"gdnlab check: --plugin: {e}", file=sys.stderr)
         return 2
+    if a.backend in backends.UNAVAILABLE:
+        print(f"gdnlab check: --backend {a.backend!r} cannot run here: {backends.UNAVAILABLE[a.backend]}",
+              file=sys.stderr)
+        return 2
     if a.backend not in backends.BACKENDS:
         print(f"gdnlab check: --backend {a.backend!r} is not registered (known: {', '.join(backends.BACKENDS)}); "
               f"name the module that registers it with --plugin", file=sys.stderr)

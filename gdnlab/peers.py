@@ -14,7 +14,8 @@ it reaches the adapter; the adapter converts the lab's layout to the peer's and 
 
 ``poison=True`` fills the output with NaN before the call where the peer takes a preallocated output
 (FlashInfer), and otherwise leaves a NaN-filled block of the output's size in torch's caching allocator just before
-the call, so an output element the peer never writes reads back as NaN instead of stale memory.
+the call: best effort, since the peer may allocate other buffers into that block before its output (FLA does), so
+for FlashQLA and FLA "every element written" is weaker evidence than for the lab's kernels and FlashInfer.
 
 A peer that cannot run here (package missing, no CUDA, not Hopper) is not registered;
 ``gdnlab.registry.UNAVAILABLE`` says why, and asking for it raises an error that gives the reason.
@@ -245,8 +246,19 @@ def implementation(name: str) -> str:
 
 def peer_status() -> dict[str, str]:
     """For every peer: "available: <implementation>" or "unavailable: <reason>"."""
-    return {n: (f"unavailable: {UNAVAILABLE[n]}" if n in UNAVAILABLE else f"available: {implementation(n)}")
-            for n in PEERS}
+    reasons = {n: UNAVAILABLE.get(n) or p.why_not() for n, p in PEERS.items()}
+    return {n: (f"unavailable: {r}" if r else f"available: {implementation(n)}") for n, r in reasons.items()}
+
+
+def _on_cuda(name: str, run: Callable[..., Any]) -> Callable[..., Any]:
+    """The adapter as registered: CUDA tensors only (the adapters themselves stay device-agnostic, so the tests can
+    check their layout conversion on the CPU against stand-ins for the peers)."""
+    def call(q: torch.Tensor, *args: Any, **kw: Any) -> Any:
+        if not q.is_cuda:
+            raise ValueError(f"backend {name!r}: runs on CUDA tensors only; got {q.device.type} tensors")
+        return run(q, *args, **kw)
+    call.__name__ = call.__qualname__ = f"{name}_on_cuda"
+    return call
 
 
 def register_peers() -> None:
@@ -254,6 +266,6 @@ def register_peers() -> None:
     for name, peer in PEERS.items():
         reason = peer.why_not()
         if reason is None:
-            register_backend(name, peer.run, overwrite=True)
+            register_backend(name, _on_cuda(name, peer.run), overwrite=True)
         else:
             UNAVAILABLE[name] = reason

@@ -189,7 +189,7 @@ def notebook_parameters(spec: NotebookSpec, *, device: str, quick: bool, out_dir
         p.update(spec.cuda)
     if quick:
         p.update(spec.quick)
-    extra = [b for b in PEERS if spec.with_peers and device == "cuda" and b in BACKENDS]
+    extra = [b for b in PEERS if spec.with_peers and device == "cuda" and not quick and b in BACKENDS]
     if backend is not None:
         p["candidate"] = backend
         extra.append(backend)
@@ -680,7 +680,6 @@ ANSWERS: tuple[tuple[str, str, str], ...] = (
     ("Is the defect specific to one GPU architecture?", "answer", "06"),
     ("What happens to BV = 8?", "bv8_by_release", "05"),
     ("Do the field's kernels (FLA, FlashQLA, FlashInfer) pass the same suite?", "peers_conform", "08"),
-    ("Which is the most accurate out to 1024 chunks?", "most_accurate", "08"),
 )
 
 

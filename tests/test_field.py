@@ -19,8 +19,7 @@ def test_table_has_a_row_per_implementation_with_what_ran(tables):
     assert t.loc["flashinfer", "implementation"].startswith("flashinfer-python ")
     assert t.loc["fla", "implementation"].endswith("(triton)")          # FLA's own path, not FlashQLA
     assert t.loc["fused_shipped", "growth_slope"] > t.loc["two_kernel", "growth_slope"] + field.GROWTH_MARGIN
-    fastest = t[["graph_vs_fastest"]].dropna()
-    assert (fastest.graph_vs_fastest >= 1).all()
+    assert t.loc["fused_shipped", "cases_in_budget"] != "28/28" and t.loc["fast", "cases_in_budget"] == "28/28"
 
 
 def test_peers_conform_fails_naming_the_case(tables):
@@ -30,8 +29,7 @@ def test_peers_conform_fails_naming_the_case(tables):
     conf.loc[i, "padding_zero"] = False
     with pytest.raises(AssertionError, match="flashqla/t65"):
         field.peers_conform(conf)
-    conf.loc[i, ["padding_zero", "out_max_abs"]] = [True, math.nan]
-    conf.loc[i, "out_ok"] = False                                        # NaN never passes
+    conf.loc[i, ["padding_zero", "out_max_abs"]] = [True, math.nan]   # NaN never passes, even marked ok
     with pytest.raises(AssertionError, match="1 peer case"):
         field.peers_conform(conf)
 
