@@ -15,7 +15,7 @@ import pandas as pd
 from gdnlab import runs
 from gdnlab.findings import Finding, Summary, _fail
 from gdnlab.peers import PEERS
-from gdnlab.speed import TIMINGS, judge, load_bench_frame
+from gdnlab.speed import TIMINGS, judged, load_bench_frame, speed_table
 from gdnlab.verdict import growth_slope
 
 __all__ = ["PEER_NAMES", "load", "in_budget", "growth_slopes", "error_at", "speed_vs_fastest", "field_table",
@@ -76,7 +76,7 @@ def error_at(sweep: pd.DataFrame, chunks: int, regime: str = "slow_gate") -> pd.
 
 def speed_vs_fastest(bench: pd.DataFrame, timing: str) -> pd.DataFrame:
     """Per shape and backend: time / the fastest backend's time at that shape (NaN where it could not run)."""
-    t = bench.pivot_table(index="shape", columns="backend", values=timing, sort=False)
+    t = speed_table(bench, timing)
     return t.div(t.min(axis=1), axis=0)
 
 
@@ -168,15 +168,14 @@ def fastest_by_shape(bench: pd.DataFrame) -> Summary:
     """Which backend is fastest at each shape, eager and graph (a descriptive summary)."""
     parts = []
     for tm, label in TIMINGS.items():
-        t = bench.pivot_table(index="shape", columns="backend", values=tm, sort=False)
-        winners = t.idxmin(axis=1)
+        winners = speed_table(bench, tm).idxmin(axis=1)
         parts.append(f"{label}: " + ", ".join(f"{s} {w}" for s, w in winners.items()))
     return Summary("Fastest per shape. " + "; ".join(parts) + ".")
 
 
 def fast_targets(bench: pd.DataFrame, sweep: pd.DataFrame, small_tokens: int = 4096, host_us: float = 60.0,
                  chunks: int = 1024) -> pd.DataFrame:
-    """Issue 20's targets for fast, one row per (target, shape), judged by :func:`gdnlab.speed.judge` (the bench holds
+    """Issue 20's targets for fast, one row per (target, shape), judged by :func:`gdnlab.speed.judged` (the bench holds
     medians, so the median rule). Written in the issue before the data:
 
     - graph time at most FlashQLA's at every bench shape (fast / flashqla <= 1);
@@ -187,37 +186,21 @@ def fast_targets(bench: pd.DataFrame, sweep: pd.DataFrame, small_tokens: int = 4
     - moonshot: graph time at most FlashInfer's at every shape, and 1x32768 in at most 0.6 ms;
     - the fix stays free: fused_fixed / fused_shipped <= 1.05, eager and graph.
     """
-    t = {tm: bench.pivot_table(index="shape", columns="backend", values=tm, sort=False) for tm in TIMINGS}
-    tokens = bench.drop_duplicates("shape").set_index("shape").tokens
-    rows = []
-
-    def add(target: str, shape: str, ratio: float, goal: float, at_most: bool = True) -> None:
-        timing = next((label for label in TIMINGS.values() if f"({label}" in target), "accuracy")
-        row = dict(target=target, timing=timing, shape=shape, goal=("<= " if at_most else ">= ") + f"{goal:g}")
-        if not math.isfinite(ratio):  # a backend that did not run misses its target
-            rows.append(dict(row, ratio=ratio, rule="not measured", met=False))
-            return
-        v = judge(goal, at_most, ratio=ratio)
-        rows.append(dict(row, ratio=v.ratio, rule=v.rule, met=v.met))
-
-    g, e = t["graph_ms"], t["ms"]
-    for shape in g.index:
-        add("fast / flashqla (graph)", shape, g.at[shape, "fast"] / g.at[shape, "flashqla"], 1.0)
-    if "1x512" in g.index:
-        add(f"fast host time / {host_us:g} us (eager - graph)", "1x512",
-            (e.at["1x512", "fast"] - g.at["1x512", "fast"]) * 1e3 / host_us, 1.0)
-    for shape in e.index[tokens.reindex(e.index) <= small_tokens]:
-        for p in PEER_NAMES:
-            add(f"{p} / fast (eager)", shape, e.at[shape, p] / e.at[shape, "fast"], 1.2, at_most=False)
+    g, e = (speed_table(bench, tm).reindex(columns=["fast", *PEER_NAMES, "fused_fixed", "fused_shipped"])
+            for tm in ("graph_ms", "ms"))
+    small = e[bench.drop_duplicates("shape").set_index("shape").tokens.reindex(e.index) <= small_tokens]
     err = error_at(sweep, chunks)
-    best = err.reindex(list(PEER_NAMES)).min()
-    add(f"fast / best peer, error at {chunks} chunks", "slow gate", err["fast"] / best, 1.0)
-    for shape in g.index:
-        add("fast / flashinfer (graph, moonshot)", shape, g.at[shape, "fast"] / g.at[shape, "flashinfer"], 1.0)
-    if "1x32768" in g.index:
-        add("fast time / 0.6 ms at 1x32768 (graph, moonshot)", "1x32768", g.at["1x32768", "fast"] / 0.6, 1.0)
-    for tm, label in TIMINGS.items():
-        for shape in t[tm].index:
-            add(f"fused_fixed / fused_shipped ({label})", shape,
-                t[tm].at[shape, "fused_fixed"] / t[tm].at[shape, "fused_shipped"], 1.05)
+    rows = judged("fast / flashqla (graph)", g.fast / g.flashqla, "graph", 1.0)
+    rows += judged(f"fast host time / {host_us:g} us (eager - graph)",
+                   ((e.fast - g.fast) * 1e3 / host_us).reindex(["1x512"]), "eager", 1.0)
+    for p in PEER_NAMES:
+        rows += judged(f"{p} / fast (eager)", small[p] / small.fast, "eager", 1.2, at_most=False)
+    rows += judged(f"fast / best peer, error at {chunks} chunks",
+                   pd.Series({"slow gate": err.get("fast", math.nan) / err.reindex(list(PEER_NAMES)).min()}),
+                   "accuracy", 1.0)
+    rows += judged("fast / flashinfer (graph, moonshot)", g.fast / g.flashinfer, "graph", 1.0)
+    rows += judged("fast time / 0.6 ms at 1x32768 (graph, moonshot)", (g.fast / 0.6).reindex(["1x32768"]),
+                   "graph", 1.0)
+    for t, label in ((e, "eager"), (g, "graph")):
+        rows += judged(f"fused_fixed / fused_shipped ({label})", t.fused_fixed / t.fused_shipped, label, 1.05)
     return pd.DataFrame(rows).assign(**_env(bench))

@@ -167,6 +167,21 @@ def judge(goal: float, at_most: bool = True, *, ratio: float | None = None,
     return Verdict(r, float("nan"), float("nan"), "median", bool(r <= goal if at_most else r >= goal))
 
 
+def judged(target: str, ratios: pd.Series, timing: str, goal: float, at_most: bool = True) -> list[dict]:
+    """One row per shape of `ratios` (shape -> measured ratio) judged by :func:`judge`'s median rule: target, timing
+    label, shape, ratio, goal, rule, met. A ratio that is not finite (a backend that did not run) is a miss, with
+    rule "not measured"."""
+    rows = []
+    for shape, r in ratios.items():
+        row = dict(target=target, timing=timing, shape=shape, goal=("<= " if at_most else ">= ") + f"{goal:g}")
+        if not np.isfinite(r):
+            rows.append(dict(row, ratio=float(r), rule="not measured", met=False))
+            continue
+        v = judge(goal, at_most, ratio=float(r))
+        rows.append(dict(row, ratio=v.ratio, rule=v.rule, met=v.met))
+    return rows
+
+
 def targets(bench: pd.DataFrame, small_tokens: int = 4096) -> pd.DataFrame:
     """Issue 6's targets, one row per (target, shape, timing): the measured ratio, the goal, the rule and whether
     the target is met by :func:`judge` (bench files hold medians, so the median rule).
@@ -179,10 +194,7 @@ def targets(bench: pd.DataFrame, small_tokens: int = 4096) -> pd.DataFrame:
     env = bench[[c for c in ("device", "torch", "triton", "date", "seed") if c in bench]].iloc[0].to_dict()
 
     def add(name: str, ratios: pd.Series, timing: str, goal: float, at_most: bool) -> None:
-        for shape, r in ratios.items():
-            v = judge(goal, at_most, ratio=float(r))
-            rows.append(dict(env, target=name, shape=shape, timing=TIMINGS[timing], ratio=v.ratio,
-                             goal=("<= " if at_most else ">= ") + f"{goal:g}", rule=v.rule, met=v.met))
+        rows.extend(dict(env, **r) for r in judged(name, ratios, TIMINGS[timing], goal, at_most))
 
     for tm in TIMINGS:
         add("fused_fixed / fused_shipped", _ratio(bench, "fused_fixed", "fused_shipped", tm), tm, 1.05, True)

@@ -6,6 +6,7 @@ import pandas as pd
 import pytest
 
 from gdnlab import field
+from gdnlab.speed import load_bench_frame
 
 
 @pytest.fixture(scope="module")
@@ -59,6 +60,7 @@ def test_fast_targets_judge_every_shape_and_count_a_missing_backend_as_a_miss(ta
 
 
 def test_speed_vs_fastest_is_one_at_the_fastest():
-    bench = pd.DataFrame(dict(shape=["a", "a", "b", "b"], backend=["x", "y", "x", "y"], graph_ms=[1.0, 2.0, 3.0, 1.5]))
+    bench = load_bench_frame(pd.DataFrame(dict(B=[1] * 4, T=[512, 512, 1024, 1024], tokens=[512, 512, 1024, 1024],
+                                               backend=["x", "y", "x", "y"], graph_ms=[1.0, 2.0, 3.0, 1.5])))
     rel = field.speed_vs_fastest(bench, "graph_ms")
-    assert rel.loc["a"].tolist() == [1.0, 2.0] and rel.loc["b"].tolist() == [2.0, 1.0]
+    assert rel.loc["1x512"].tolist() == [1.0, 2.0] and rel.loc["1x1024"].tolist() == [2.0, 1.0]
