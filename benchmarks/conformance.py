@@ -36,18 +36,15 @@ def check_one(label: str, kw: dict[str, Any], ref: tuple[Any, Any]) -> tuple[dic
     """One poisoned call of backend `label` judged against the reference: (row, (o, ht)) or (row with error, None)."""
     import torch
 
-    import gdnlab
-    from gdnlab.experiments import takes_option
+    from gdnlab.experiments import poisoned_call
     from gdnlab.metrics import CUTEDSL_OUTPUT, CUTEDSL_STATE, valid_rows
     name, opts = parse_label(label)
-    if takes_option(gdnlab.backends.get_backend(name), "poison"):
-        opts = {"poison": True, **opts}
     mask = valid_rows(kw["cu_seqlens"], kw["q"].shape[1]).to(DEV)
     sdt = kw["initial_state"].dtype if kw["initial_state"] is not None else torch.float32
     ro, rh = ref
     try:
         before = {n: x.clone() for n, x in kw.items() if isinstance(x, torch.Tensor)}
-        o, ht = gdnlab.chunk_gated_delta_rule(**kw, backend=name, **opts)
+        o, ht = poisoned_call(kw, name, **opts)
         torch.cuda.synchronize()
         ok_o, eo = CUTEDSL_OUTPUT.check(o[:, mask], ro[:, mask])
         ok_s, es = CUTEDSL_STATE.check(ht.to(sdt), rh.to(sdt))

@@ -30,8 +30,7 @@ def regimes() -> tuple[tuple[str, object], ...]:
 def run(ctx: Context, max_tokens: int = SWEEP_TOKENS) -> pd.DataFrame:
     import torch
 
-    import gdnlab
-    from gdnlab.experiments import reference, takes_option
+    from gdnlab.experiments import poisoned_call, reference
     from gdnlab.metrics import errors
     lens = [64 * 2 ** i for i in range(20) if 64 * 2 ** i <= max_tokens]
     rows = []
@@ -42,12 +41,10 @@ def run(ctx: Context, max_tokens: int = SWEEP_TOKENS) -> pd.DataFrame:
             o_ref, h_ref = reference(inp)
             for be in ctx.conformance_backends or ctx.timed():
                 name, opts = parse_label(be)
-                if takes_option(gdnlab.backends.get_backend(name), "poison"):
-                    opts = {"poison": True, **opts}
                 base = dict(prob.columns(inp), regime=label, initial_state=h0, backend=be,
                             implementation=implementation(be))
                 try:
-                    o, ht = gdnlab.chunk_gated_delta_rule(**kw, backend=name, **opts)
+                    o, ht = poisoned_call(kw, name, **opts)
                     torch.cuda.synchronize()
                 except Exception as e:  # noqa: BLE001 - a failing backend is a result
                     rows.append(dict(base, error=f"{type(e).__name__}: {str(e)[:300]}"))

@@ -116,14 +116,24 @@ def check_written(o: torch.Tensor, ht: torch.Tensor | None, inputs: GDNInputs, b
             raise AssertionError(f"{backend}: {bad} of {ht.numel()} final-state elements not written or not finite")
 
 
-def run_backend(inputs: GDNInputs, backend: str, **options: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Run one backend on ``inputs`` (with ``poison=True`` when it takes options) and check its outputs."""
+def poisoned_call(kwargs: dict[str, Any], backend: str, **options: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One call of `backend` with ``poison=True`` where it takes it (outputs pre-filled with NaN, so an element it
+    never writes stays NaN); a wrapper that forwards ``**options`` to a library which refuses ``poison`` is called
+    again without it."""
     import gdnlab
 
-    fn = _backends.get_backend(backend)
-    if takes_option(fn, "poison"):
-        options = {"poison": True, **options}
-    o, ht = gdnlab.chunk_gated_delta_rule(**inputs.kwargs(), backend=backend, **options)
+    if "poison" not in options and takes_option(_backends.get_backend(backend), "poison"):
+        try:
+            return gdnlab.chunk_gated_delta_rule(**kwargs, backend=backend, poison=True, **options)
+        except TypeError as e:
+            if "poison" not in str(e):
+                raise
+    return gdnlab.chunk_gated_delta_rule(**kwargs, backend=backend, **options)
+
+
+def run_backend(inputs: GDNInputs, backend: str, **options: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Run one backend on ``inputs`` (:func:`poisoned_call`) and check its outputs (:func:`check_written`)."""
+    o, ht = poisoned_call(inputs.kwargs(), backend, **options)
     check_written(o, ht, inputs, backend)
     return o, ht
 

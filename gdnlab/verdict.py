@@ -56,7 +56,7 @@ import torch
 
 from gdnlab import backends as _backends
 from gdnlab import metrics
-from gdnlab.experiments import reference, takes_option
+from gdnlab.experiments import poisoned_call, reference
 from gdnlab.inputs import GDNInputs, make_inputs
 from gdnlab.kernel_params import BT
 
@@ -205,17 +205,8 @@ class Verdict:
 # ------------------------------------------------------------------------------------------------------- running
 
 def _call(backend: str, inp: GDNInputs) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """One call with ``output_final_state=True``; with ``poison=True`` (outputs pre-filled with NaN) where the backend
-    takes it. A wrapper that forwards ``**kwargs`` to a library which refuses ``poison`` is called again without."""
-    import gdnlab
-
-    if takes_option(_backends.get_backend(backend), "poison"):
-        try:
-            return gdnlab.chunk_gated_delta_rule(**inp.kwargs(), backend=backend, poison=True)
-        except TypeError as e:
-            if "poison" not in str(e):
-                raise
-    return gdnlab.chunk_gated_delta_rule(**inp.kwargs(), backend=backend)
+    """One call with ``output_final_state=True``, poisoned where the backend takes it (experiments.poisoned_call)."""
+    return poisoned_call(inp.kwargs(), backend)
 
 
 def _tensors(inp: GDNInputs) -> dict[str, torch.Tensor]:
