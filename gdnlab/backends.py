@@ -20,7 +20,7 @@ from gdnlab.registry import UNAVAILABLE, BACKENDS, Backend, chunk_gated_delta_ru
 from gdnlab.validate import Problem
 
 __all__ = ["BACKENDS", "Backend", "chunk_gated_delta_rule", "get_backend", "register_backend", "FAST",
-           "fast_by_size", "multiprocessors", "STATE_BVS"]
+           "fast_by_size", "multiprocessors", "STATE_BVS", "UNAVAILABLE"]
 
 
 # ---- built-in backends ----------------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ import pandas as pd
 from gdnlab import runs
 from gdnlab.findings import Finding, Summary, _fail
 from gdnlab.peers import PEERS
-from gdnlab.speed import TIMINGS, judged, load_bench_frame, speed_table
+from gdnlab.speed import TIMINGS, judged, load_bench_frame, provenance, speed_table
 from gdnlab.verdict import growth_slope
 
 __all__ = ["PEER_NAMES", "load", "in_budget", "growth_slopes", "error_at", "speed_vs_fastest", "field_table",
@@ -43,6 +43,11 @@ def load(device: str = "h200", accuracy_run: str | None = None, bench_run: str |
 
 # ---- tables -------------------------------------------------------------------------------------------------------
 
+def _ran(df: pd.DataFrame) -> pd.Series:
+    """Rows whose call raised no error (an empty or missing ``error``)."""
+    return df.error.isna() | (df.error.astype(str) == "")
+
+
 def in_budget(conf: pd.DataFrame) -> pd.Series:
     """Per conformance row: output and state in budget, every element written, padding zero, inputs unchanged,
     finite errors, and no error raised (NaN, or a missing check, counts as a failure)."""
@@ -52,13 +57,13 @@ def in_budget(conf: pd.DataFrame) -> pd.Series:
         ok &= conf[c].astype("boolean").fillna(False).astype(bool) if c in conf else False
     for c in ("out_max_abs", "state_max_abs"):
         ok &= np.isfinite(pd.to_numeric(conf[c], errors="coerce")) if c in conf else False
-    return ok & (conf["error"].isna() | (conf["error"].astype(str) == ""))
+    return ok & _ran(conf)
 
 
 def growth_slopes(sweep: pd.DataFrame) -> pd.DataFrame:
     """The slope of log(max abs error) against log(chunks) per backend, regime and initial-state setting
     (gdnlab.verdict.growth_slope over every chunk count of the sweep)."""
-    d = sweep[sweep.error.isna() | (sweep.error.astype(str) == "")]
+    d = sweep[_ran(sweep)]
     rows = []
     for (regime, h0, be), g in d.groupby(["regime", "initial_state", "backend"], sort=False):
         slope = growth_slope(g.n_chunks.tolist(), g.max_abs_err.tolist())
@@ -78,11 +83,6 @@ def speed_vs_fastest(bench: pd.DataFrame, timing: str) -> pd.DataFrame:
     """Per shape and backend: time / the fastest backend's time at that shape (NaN where it could not run)."""
     t = speed_table(bench, timing)
     return t.div(t.min(axis=1), axis=0)
-
-
-def _env(bench: pd.DataFrame) -> dict[str, str]:
-    """The device, torch, Triton and seed columns every lab table carries, from the bench run."""
-    return bench[["device", "torch", "triton", "seed"]].iloc[0].to_dict()
 
 
 def _geo(x: pd.Series) -> float:
@@ -109,7 +109,7 @@ def field_table(conf: pd.DataFrame, sweep: pd.DataFrame, bench: pd.DataFrame, ch
             row[f"{label}_vs_fastest"] = _geo(col)
             row[f"{label}_worst"] = float(col.max()) if col.notna().any() else math.nan
         rows.append(row)
-    return pd.DataFrame(rows).assign(**_env(bench))
+    return pd.DataFrame(rows).assign(**provenance(bench))
 
 
 # ---- findings -------------------------------------------------------------------------------------------------------
@@ -203,4 +203,4 @@ def fast_targets(bench: pd.DataFrame, sweep: pd.DataFrame, small_tokens: int = 4
                    "graph", 1.0)
     for t, label in ((e, "eager"), (g, "graph")):
         rows += judged(f"fused_fixed / fused_shipped ({label})", t.fused_fixed / t.fused_shipped, label, 1.05)
-    return pd.DataFrame(rows).assign(**_env(bench))
+    return pd.DataFrame(rows).assign(**provenance(bench))

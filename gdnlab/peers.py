@@ -150,7 +150,7 @@ def _flashinfer(q, k, v, g, beta, scale=None, initial_state=None, output_final_s
     h0 = None
     if initial_state is not None:  # FlashInfer's state is [N, HV, V, K]
         h0 = (initial_state if state_v_first else initial_state.transpose(-1, -2)).contiguous()
-    out = torch.empty((end, HV, V), dtype=q.dtype, device=dev)
+    out = torch.empty((B * T, HV, V), dtype=q.dtype, device=dev)  # FlashInfer writes its first `end` rows
     if poison:
         out.fill_(float("nan"))
     ht = None
@@ -158,20 +158,14 @@ def _flashinfer(q, k, v, g, beta, scale=None, initial_state=None, output_final_s
         ht = torch.empty((n, HV, V, q.shape[-1]), dtype=torch.float32, device=dev)
         if poison:
             ht.fill_(float("nan"))
-    lens = cu.diff()
-    res = fi_chunk(packed(q), packed(k), packed(v), gate, packed(beta, torch.float32), scale=scale,
-                   initial_state=h0, output_final_state=output_final_state, cu_seqlens=cu_dev,
-                   use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, output=out, output_state=ht, use_cp=use_cp,
-                   gate_domain=gate_domain, cu_seqlens_cpu=cu, max_seqlen=int(lens.max()) if n else 0)
-    o_packed = res[0] if isinstance(res, tuple) else res
-    o = torch.zeros((B * T, HV, V), dtype=q.dtype, device=dev) if end < B * T else None
-    if o is not None:
-        o[:end] = o_packed
-    else:
-        o = o_packed
+    fi_chunk(packed(q), packed(k), packed(v), gate, packed(beta, torch.float32), scale=scale, initial_state=h0,
+             output_final_state=output_final_state, cu_seqlens=cu_dev, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+             output=out[:end], output_state=ht, use_cp=use_cp, gate_domain=gate_domain, cu_seqlens_cpu=cu,
+             max_seqlen=int(cu.diff().max()) if n else 0)
+    out[end:] = 0  # padding rows
     if ht is not None and not state_v_first:
         ht = ht.transpose(-1, -2).contiguous()
-    return o.view(B, T, HV, V), ht
+    return out.view(B, T, HV, V), ht
 
 
 # ---- FlashQLA --------------------------------------------------------------------------------------------------
@@ -202,8 +196,6 @@ def _fla(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=Fa
          **options: Any):
     """FLA's chunk_gated_delta_rule with its hand-off to FlashQLA turned off (FLA_FLASH_QLA=0)."""
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_chunk
-    if not q.is_cuda:
-        raise ValueError("backend 'fla': flash-linear-attention runs on CUDA tensors only; got CPU tensors")
     end = _rows_end(cu_seqlens, q.shape[1])
     h0 = initial_state.transpose(-1, -2).contiguous() if (initial_state is not None and state_v_first) \
         else initial_state
