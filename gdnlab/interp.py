@@ -20,6 +20,8 @@ import triton.language as tl
 from triton.runtime import interpreter as _ti
 from triton.runtime.jit import JITFunction
 
+from gdnlab import handles
+
 class DotModel(Protocol):
     """How a matrix unit turns a [M,K]x[K,N] product plus an fp32 accumulator into fp32."""
 
@@ -241,14 +243,14 @@ def recorded_launches() -> Iterator[list[Launch]]:
 
 
 def launch(kernel: JITFunction, grid: Sequence[int], *args: Any, device: torch.device | str, **kwargs: Any) -> None:
-    """Launch `kernel` compiled on CUDA, or interpreted with the numerics layer when `device` is the CPU (or only
-    record it, inside :func:`recorded_launches`)."""
+    """Launch `kernel` compiled on CUDA (through its cached handle, gdnlab.handles), or interpreted with the
+    numerics layer when `device` is the CPU (or only record it, inside :func:`recorded_launches`)."""
     global _INTERPRETING
     if _RECORDING:
         _RECORDING[-1].append(Launch(kernel, tuple(grid), args, kwargs))
         return
-    if torch.device(device).type == "cuda":
-        kernel[tuple(grid)](*args, **kwargs)
+    if (device.type if isinstance(device, torch.device) else torch.device(device).type) == "cuda":
+        handles.launch(kernel, grid, args, kwargs)
         return
     kwargs = {k: v for k, v in kwargs.items() if k not in ("num_warps", "num_stages")}
     with _interpreting():

@@ -55,3 +55,17 @@ def test_gpu_varlen_call_is_graph_capturable_with_host_cu_seqlens():
     torch.cuda.synchronize()
     assert torch.isfinite(o).all()
     assert CUTEDSL_OUTPUT.check(o, want)[0]
+
+
+def test_gpu_launches_through_handles_equal_tritons_path(monkeypatch):
+    """The direct launches (gdnlab.handles) engage on a repeated call and give bit for bit Triton's own path."""
+    from gdnlab import handles
+    from gdnlab.inputs import make_inputs
+    kw = make_inputs(seqlens=[100, 1, 64, 200], H=2, HV=4, K=64, V=64, seed=5, device="cuda").kwargs()
+    monkeypatch.setattr(handles, "_DIRECT", False)
+    want = gdnlab.chunk_gated_delta_rule(**kw, backend="fast")
+    monkeypatch.setattr(handles, "_DIRECT", handles.direct_supported())
+    for _ in range(2):  # the first call fills the handle cache, the second launches through it
+        got = gdnlab.chunk_gated_delta_rule(**kw, backend="fast")
+    assert handles.cached_handles() > 0 or not handles.direct_supported()
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
