@@ -35,3 +35,31 @@ def test_unknown_path_is_refused(small):
     with pytest.raises(ValueError, match="^path"):
         pipeline.state_and_outputs(x, pipeline.prologue(x, True), "three_kernel", output_final_state=False,
                                    state_v_first=False, BV=32)
+
+
+def test_repeated_calls_are_checked_in_full(small):
+    """The check's verdict is remembered by signature, and a signature that differs only in an argument's type or
+    cu_seqlens's values is checked afresh: a remembered pass never lets a bad call through."""
+    pipeline.flatten(**small)
+    with pytest.raises(TypeError, match="^output_final_state"):
+        pipeline.flatten(**{**small, "output_final_state": 1})  # equal to True, but not a bool
+    with pytest.raises(TypeError, match="^scale"):
+        pipeline.flatten(**{**small, "scale": True})
+    ragged = {**small, "initial_state": None, "cu_seqlens": torch.tensor([0, 30, 70])}
+    assert pipeline.flatten(**ragged).problem.seq_bounds == [(0, 30), (30, 70)]
+    with pytest.raises(ValueError, match="^cu_seqlens"):
+        pipeline.flatten(**{**ragged, "cu_seqlens": torch.tensor([0, 30, 71])})
+    x = pipeline.flatten(**{**ragged, "cu_seqlens": torch.tensor([0, 40, 70])})
+    assert x.problem.seq_bounds == [(0, 40), (40, 70)] and x.plan.cu_seqlens.tolist() == [0, 40, 70]
+
+
+def test_signature_separates_what_the_check_reads(small):
+    base = pipeline.signature(*(small[n] for n in ("q", "k", "v", "g", "beta", "initial_state")), None, None,
+                              False, True, False)
+    assert base == pipeline.signature(*(small[n].clone() for n in ("q", "k", "v", "g", "beta", "initial_state")),
+                                      None, None, False, True, False)
+    for changed in (dict(q=small["q"][:, :-1]), dict(g=small["g"].double()), dict(initial_state=None)):
+        kw = {**small, **changed}
+        assert pipeline.signature(*(kw[n] for n in ("q", "k", "v", "g", "beta", "initial_state")), None, None,
+                                  False, True, False) != base
+    assert pipeline.signature("q", *(small[n] for n in ("k", "v", "g", "beta", "initial_state")), None, None) is None

@@ -40,18 +40,53 @@ def flatten(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, 
             cu_seqlens: torch.Tensor | None = None, state_v_first: bool = False, output_final_state: bool = False,
             use_qk_l2norm_in_kernel: bool = False) -> Flat:
     """Validate a call (gdnlab.validate.check_inputs; q, k, v in KERNEL_DTYPES) and give the kernels' view of it:
-    batch and time merged into one token axis (docs/design.md §5), the chunk plan built."""
-    p = check_inputs(q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
-                     state_v_first=state_v_first, output_final_state=output_final_state,
-                     use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, dtypes=KERNEL_DTYPES)
+    batch and time merged into one token axis (docs/design.md §5), the chunk plan built.
+
+    The check depends only on the arguments' types, shapes, dtypes and devices, the options, and cu_seqlens's
+    values, so its verdict and plan are remembered by exactly that (:func:`signature`): a repeated call is checked
+    in full in the time it takes to build the key."""
+    key = signature(q, k, v, g, beta, initial_state, cu_seqlens, scale, state_v_first, output_final_state,
+                    use_qk_l2norm_in_kernel)
+    checked = _CHECKED.get(key) if key is not None else None
+    if checked is None:
+        p = check_inputs(q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
+                         state_v_first=state_v_first, output_final_state=output_final_state,
+                         use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, dtypes=KERNEL_DTYPES)
+        checked = p, ChunkPlan.build(p.seq_bounds, q.device)
+        if key is not None:
+            if len(_CHECKED) >= _CHECKED_LIMIT:
+                _CHECKED.pop(next(iter(_CHECKED)))
+            _CHECKED[key] = checked
+    p, plan = checked
     tokens = p.B * p.T
 
-    def rows(x: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
-        return x.reshape(tokens, *x.shape[2:]).to(dtype or x.dtype).contiguous()
+    def rows(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        if x.dtype == dtype and x.is_contiguous():
+            return x.view(tokens, *x.shape[2:])
+        return x.reshape(tokens, *x.shape[2:]).to(dtype).contiguous()
 
-    return Flat(p, rows(q), rows(k), rows(v), rows(g, torch.float32), rows(beta),
-                ChunkPlan.build(p.seq_bounds, q.device),
-                initial_state.contiguous() if initial_state is not None else None)
+    return Flat(p, rows(q, q.dtype), rows(k, k.dtype), rows(v, v.dtype), rows(g, torch.float32),
+                rows(beta, beta.dtype), plan, initial_state.contiguous() if initial_state is not None else None)
+
+
+#: Validated calls by signature: (Problem, ChunkPlan).
+_CHECKED: dict[tuple, tuple[Problem, ChunkPlan]] = {}
+_CHECKED_LIMIT = 256
+
+
+def signature(q: Any, k: Any, v: Any, g: Any, beta: Any, initial_state: Any, cu_seqlens: Any, scale: Any,
+              *flags: Any) -> tuple | None:
+    """Everything check_inputs's verdict depends on, hashable; None when some argument is not what it takes (the
+    check then runs, and refuses it). cu_seqlens enters by its values (a device copy is read, as the check does)."""
+    def meta(x: Any) -> tuple | None:
+        return (x.shape, x.dtype, x.device) if isinstance(x, torch.Tensor) else None
+
+    tensors = (q, k, v, g, beta)
+    if not all(isinstance(x, torch.Tensor) for x in tensors) or not all(
+            x is None or isinstance(x, torch.Tensor) for x in (initial_state, cu_seqlens)):
+        return None
+    cu = None if cu_seqlens is None else (meta(cu_seqlens), tuple(cu_seqlens.tolist()))
+    return (*map(meta, tensors), meta(initial_state), cu, type(scale), scale, *((type(f), f) for f in flags))
 
 
 def prologue(x: Flat, use_qk_l2norm: bool, poison: bool = False, **options: Any) -> Prologue:
