@@ -24,6 +24,16 @@ STATE_BVS: tuple[int, ...] = (8, 16, 32, 64)
 OUT_BVS: tuple[int, ...] = (8, 16, 32, 64, 128)
 
 
+def cdiv(n: int, d: int) -> int:
+    """ceil(n / d) for launch grids (plain Python: triton.cdiv is a constexpr function, ~5 us per host call)."""
+    return -(-n // d)
+
+
+def pow2(n: int) -> int:
+    """The smallest power of two >= n (padded tile widths; plain Python for the same reason as cdiv)."""
+    return 1 << (n - 1).bit_length() if n > 1 else 1
+
+
 @dataclass(frozen=True)
 class FusedVariant:
     """A setting of the fused kernel's switches: ``downcast`` (round the fp32 state to bf16 before Q.h) and

@@ -196,3 +196,11 @@ def test_int64_indices_only_where_a_buffer_needs_them():
     o, h = gdnlab.chunk_gated_delta_rule(**kw, backend="two_kernel")
     o64, h64 = gdnlab.chunk_gated_delta_rule(**kw, backend="two_kernel", index64=True, poison=True)
     assert torch.equal(o, o64) and torch.equal(h, h64)
+
+
+def test_host_grid_helpers_equal_tritons():
+    import triton
+
+    from gdnlab.kernel_params import cdiv, pow2
+    assert all(pow2(n) == triton.next_power_of_2(n) for n in range(1, 4100))
+    assert all(cdiv(a, b) == triton.cdiv(a, b) for a in range(0, 300) for b in range(1, 70))

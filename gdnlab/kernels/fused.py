@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from gdnlab.interp import launch
-from gdnlab.kernel_params import BT
+from gdnlab.kernel_params import BT, cdiv, pow2
 from gdnlab.kernels.prologue import ChunkPlan, Prologue
 from gdnlab.kernels.tiles import (absorb_all, chunk_output, gated_delta, inter_and_scores, load_rows, load_state,
                                   store_rows, store_state, w_times_h)
@@ -106,7 +106,7 @@ def fused(pro: Prologue, v: torch.Tensor, o: torch.Tensor, plan: ChunkPlan, init
     HV, V = v.shape[1], v.shape[2]
     N = plan.cu_seqlens.numel() - 1
     dummy = pro.g_cum
-    launch(fused_kernel, (triton.cdiv(V, BV), N * HV), pro.q, pro.k, pro.u, pro.w, pro.g_cum, o,
+    launch(fused_kernel, (cdiv(V, BV), N * HV), pro.q, pro.k, pro.u, pro.w, pro.g_cum, o,
            initial_state if initial_state is not None else dummy, ht if ht is not None else dummy,
            plan.cu_seqlens, scale, H=H, HV=HV, K=K, V=V, BV=BV, HAS_H0=initial_state is not None,
            STORE_HT=ht is not None, STATE_V_FIRST=state_v_first, DOWNCAST=downcast, INTRA_VNEW=intra_vnew, BT=BT,

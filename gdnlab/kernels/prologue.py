@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 from gdnlab.interp import launch
-from gdnlab.kernel_params import BT
+from gdnlab.kernel_params import BT, cdiv, pow2
 from gdnlab.kernels.tiles import as_index, l2_norm_of_rows, load_rows, store_rows
 
 #: How the prologue finishes T = (I + A)^-1 after its 16x16 diagonal blocks (see _solve).
@@ -238,7 +238,7 @@ def l2norm(x: torch.Tensor, poison: bool = False) -> torch.Tensor:
     y = alloc(x.shape, x.dtype, x.device, poison)
     n = x.numel() // d
     br = 16
-    launch(l2norm_kernel, (triton.cdiv(n, br),), x, y, n, D=d, BD=triton.next_power_of_2(d), BR=br,
+    launch(l2norm_kernel, (cdiv(n, br),), x, y, n, D=d, BD=pow2(d), BR=br,
            device=x.device)
     return y
 
@@ -264,7 +264,7 @@ def run_prologue(q, k, v, g, beta, plan: ChunkPlan, use_qk_l2norm: bool, poison:
     u = alloc((tokens, HV, V), torch.bfloat16, dev, poison)
     if plan.n_chunks:
         launch(prologue_kernel, (plan.n_chunks, HV), q, k, v, g, beta, qn, kn, g_cum, w, u, plan.cu_seqlens,
-               plan.chunks, H=H, HV=HV, K=K, V=V, KP=triton.next_power_of_2(K), VP=triton.next_power_of_2(V),
+               plan.chunks, H=H, HV=HV, K=K, V=V, KP=pow2(K), VP=pow2(V),
                BT=BT, NORM=norm_inside, SOLVE=solve, num_warps=num_warps, device=dev,
                I64=wide_index(q, v, w) if index64 is None else index64)
     return Prologue(qn, kn, g_cum, w, u, norm_q)

@@ -7,7 +7,7 @@ import triton
 import triton.language as tl
 
 from gdnlab.interp import launch
-from gdnlab.kernel_params import BT
+from gdnlab.kernel_params import BT, cdiv, pow2
 from gdnlab.kernels.prologue import ChunkPlan, Prologue, alloc, wide_index
 from gdnlab.kernels.tiles import (absorb_all, as_index, gated_delta, chunk_output, inter_and_scores,
                                   l2_norm_of_rows, load_rows, load_state, store_rows, store_state, w_times_h)
@@ -132,13 +132,13 @@ def two_kernel(pro: Prologue, v: torch.Tensor, o: torch.Tensor, plan: ChunkPlan,
     states = [x for x in (initial_state, ht) if x is not None]
     i64 = wide_index(h, v_new, pro.w, pro.q, *states) if index64 is None else index64
     dummy = pro.g_cum
-    launch(fwd_h_kernel, (triton.cdiv(V, BV), N * HV), pro.k, pro.u, pro.w, pro.g_cum, h, v_new,
+    launch(fwd_h_kernel, (cdiv(V, BV), N * HV), pro.k, pro.u, pro.w, pro.g_cum, h, v_new,
            initial_state if initial_state is not None else dummy, ht if ht is not None else dummy,
            plan.cu_seqlens, plan.chunk_offsets, H=H, HV=HV, K=K, V=V, BV=BV, HAS_H0=initial_state is not None,
            STORE_HT=ht is not None, STATE_V_FIRST=state_v_first, BT=BT, I64=i64, num_warps=num_warps, device=dev,
            **({} if num_stages is None else dict(num_stages=num_stages)))
     if plan.n_chunks:
-        launch(fwd_o_kernel, (triton.cdiv(V, out_BV), plan.n_chunks, HV), pro.q, pro.k, v_new, pro.g_cum, h, o,
+        launch(fwd_o_kernel, (cdiv(V, out_BV), plan.n_chunks, HV), pro.q, pro.k, v_new, pro.g_cum, h, o,
                plan.cu_seqlens, plan.chunks, scale, H=H, HV=HV, K=K, V=V, BV=out_BV, BT=BT, NORM_Q=pro.norm_q, I64=i64,
-               KP=triton.next_power_of_2(K), num_warps=out_warps, device=dev,
+               KP=pow2(K), num_warps=out_warps, device=dev,
                **({} if out_stages is None else dict(num_stages=out_stages)))
