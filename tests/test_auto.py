@@ -7,28 +7,49 @@ from gdnlab import auto
 from gdnlab.inputs import make_inputs
 
 
-@pytest.mark.parametrize("tokens,varlen,cuda,capturing,fla,want", [
-    (512, False, False, False, False, "fast"),       # CPU: the lab's kernels under the interpreter
-    (10 ** 6, False, True, False, False, "fast"),    # no fla installed
-    (512, False, True, True, True, "fast"),          # captured: fast was ahead of fla at every size
-    (2048, False, True, True, True, "fast"),
-    (10 ** 6, False, True, True, True, "fast"),
-    (512, False, True, False, True, "fast"),         # eager and short: host-bound, fla's Python side dominates
-    (10 ** 6, False, True, False, True, "fast"),     # eager and long: fast has the lower device time
-    (65536, True, True, True, True, "fast"),         # varlen: fla cannot be captured and is slower eagerly
+PEER_SET = ("fla", "flashqla", "flashinfer")
+
+
+@pytest.mark.parametrize("on_cuda,available,regime", [
+    (False, PEER_SET, True),   # CPU: the lab's kernels under the interpreter
+    (True, (), True),          # no peer installed
+    (True, PEER_SET, False),   # outside the timed regime (not bf16 with K = V = 128)
 ])
-def test_rule(tokens, varlen, cuda, capturing, fla, want):
-    assert auto.choose(tokens, varlen, cuda, capturing, fla) == want
+def test_outside_the_rule_everything_runs_fast(on_cuda, available, regime):
+    for tokens in (1, 512, 3000, 10 ** 6):
+        for kind in auto.KINDS:
+            for capturing in (False, True):
+                assert auto.choose(tokens, kind, on_cuda, capturing, available, regime) == auto.LAB
 
 
-def test_a_window_sends_captured_calls_to_fla(monkeypatch):
-    """The rule's window of sizes for fla (empty on the H200 now) is honoured where it is set."""
-    monkeypatch.setattr(auto, "GRAPH_FLA", (1024, 4096))
-    assert auto.choose(1023, False, True, True, True) == "fast"
-    assert auto.choose(1024, False, True, True, True) == "fla"
-    assert auto.choose(4096, False, True, True, True) == "fast"
-    assert auto.choose(2048, False, True, False, True) == "fast"  # eager
-    assert auto.choose(2048, True, True, True, True) == "fast"  # varlen
+@pytest.mark.parametrize("capturing", [False, True])
+@pytest.mark.parametrize("available", [PEER_SET, ("flashqla",), ("fla",), ("flashinfer", "fla")])
+def test_each_bench_shape_goes_to_its_fastest_available_backend(capturing, available):
+    """At every shape of the rule's run, auto names the first backend of that shape's ranking that is here."""
+    for kind, shapes in auto.rankings("graph_ms" if capturing else "ms").items():
+        assert shapes, kind
+        for tokens, order in shapes:
+            allowed = [b for b in order if b == auto.LAB or (
+                b in available and not (b == "fla" and capturing and kind == "ragged"))]
+            assert auto.choose(tokens, kind, True, capturing, available, True) == allowed[0]
+
+
+def test_rankings_hold_the_lab_and_the_peers_only():
+    names = {b for shapes in auto.rankings("ms").values() for _, order in shapes for b in order}
+    assert auto.LAB in names and names <= {auto.LAB, *PEER_SET}
+
+
+def test_between_shapes_the_nearest_on_a_log_scale_decides():
+    shapes = auto.rankings("graph_ms")["sequence"]
+    (t0, o0), (t1, o1) = next((a, b) for a, b in zip(shapes, shapes[1:]) if a[1][0] != b[1][0])
+    mid = (t0 * t1) ** 0.5
+    assert auto.choose(int(mid) - 1, "sequence", True, True, PEER_SET, True) == o0[0]
+    assert auto.choose(int(mid) + 1, "sequence", True, True, PEER_SET, True) == o1[0]
+
+
+def test_unknown_kind_is_refused():
+    with pytest.raises(ValueError, match="^kind"):
+        auto.choose(512, "dense", True, False, PEER_SET, True)
 
 
 @pytest.mark.parametrize("tokens,cuda,capturing,want", [
