@@ -113,16 +113,18 @@ def load(run_id: str, filename: str, device: str = "h200") -> pd.DataFrame:
 
 
 def file_run(device: str, kind_: str, purpose: str, files: list[str | Path], env: dict[str, str],
-             timing_method: str = "none", peers: str = "") -> str:
+             timing_method: str = "none", peers: str = "", started: str | None = None) -> str:
     """Commit-ready filing of one run: copy `files` into ``data/<device>/<UTC start>-<kind_>/`` with `env` (which
     must name device, torch and triton) as env.json and the date, and append its row to RUNS.csv (commit: this
-    checkout's HEAD). Returns the run id. `purpose` is the text after the kind (the row reads "kind_: purpose")."""
+    checkout's HEAD). Returns the run id. `purpose` is the text after the kind (the row reads "kind_: purpose").
+    `started` is the run's UTC start as ISO 8601 (default: now), for runs filed after they ran."""
     if timing_method not in TIMING_METHODS:
         raise ValueError(f"timing_method: must be one of {', '.join(TIMING_METHODS)}, got {timing_method!r}")
     missing = [k for k in ("device", "torch", "triton") if not env.get(k)]
     if missing:
         raise ValueError(f"env: must name {', '.join(missing)}")
-    now = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0)
+    now = (datetime.datetime.fromisoformat(started.replace("Z", "+00:00")).astimezone(datetime.timezone.utc)
+           if started else datetime.datetime.now(datetime.timezone.utc)).replace(microsecond=0)
     run_id = f"{now:%Y-%m-%dT%H%M}-{kind_}"
     folder = data_dir(device) / run_id
     if folder.exists():

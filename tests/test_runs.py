@@ -83,3 +83,13 @@ def test_file_run_copies_the_files_and_registers_the_run(tmp_path, monkeypatch):
     env = json.loads((tmp_path / "gpu" / rid / "env.json").read_text())
     assert env["torch"] == "t" and env["date"].startswith(row.utc_time.strftime("%Y-%m-%dT%H:%M"))
     assert runs.load(rid, "bench.csv", "gpu").ms.tolist() == [1.0]
+
+
+def test_file_run_names_a_run_filed_later_by_its_start(tmp_path, monkeypatch):
+    monkeypatch.setattr(runs, "data_dir", lambda device="gpu": tmp_path / device)
+    src = tmp_path / "host.csv"
+    src.write_text("backend,us\nfast,1.0\n")
+    rid = runs.file_run("gpu", "host", "late", [src], dict(device="d", torch="t", triton="3"),
+                        started="2026-01-02T03:04:05Z")
+    assert rid == "2026-01-02T0304-host"
+    assert str(runs.runs("gpu").iloc[-1].utc_time) == "2026-01-02 03:04:05+00:00"
