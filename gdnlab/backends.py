@@ -12,9 +12,10 @@ from typing import Any, Callable
 
 import torch
 
-from gdnlab import peers, reference
+from gdnlab import peers, plans, reference
 from gdnlab.auto import auto_backend
 from gdnlab.kernel_params import FIXED, OUT_BVS, SHIPPED, STATE_BVS
+from gdnlab.kernels import pipeline
 from gdnlab.kernels.prologue import SOLVE, SOLVES
 from gdnlab.registry import UNAVAILABLE, BACKENDS, Backend, chunk_gated_delta_rule, get_backend, register_backend
 from gdnlab.validate import Problem
@@ -43,18 +44,27 @@ def _triton(path: str, by_size: Callable[[int, int, int], dict[str, Any]] | None
     walkers = the state kernel's programs (sequences x value heads x V tiles), sms = the device's
     multiprocessors. Options passed to the call override both."""
 
+    token = object()  # this backend, in gdnlab.plans's keys
+
     def run(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
             use_qk_l2norm_in_kernel=False, cu_seqlens=None, state_v_first=False, **options: Any):
-        from gdnlab.kernels import pipeline
         x = pipeline.flatten(q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
                              state_v_first=state_v_first, output_final_state=output_final_state,
                              use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)
+        key = plans.key(token, x, options)
+        plan = plans.lookup(key)
+        if plan is not None:
+            return plans.replay(plan, x)
+        return plans.record(key, x, lambda: _pipeline(x, use_qk_l2norm_in_kernel, output_final_state, options))
+
+    def _pipeline(x: pipeline.Flat, use_qk_l2norm_in_kernel: bool, output_final_state: bool,
+                  options: dict[str, Any]):
         p: Problem = x.problem
         sized = {}
         if by_size:
             walk_bv = {**defaults, **options}.get("BV", 64)
             walkers = p.N * p.HV * -(-p.V // walk_bv) if walk_bv in STATE_BVS else 0  # else refused below
-            sized = by_size(x.plan.n_chunks * p.HV, walkers, multiprocessors(q.device))
+            sized = by_size(x.plan.n_chunks * p.HV, walkers, multiprocessors(x.q.device))
         opts = {**defaults, **sized, **options}
         allowed = {"BV", "poison", "num_warps", "num_stages", "prologue_warps", "prologue_solve", "fuse_norm"} | (
             {"downcast", "intra_vnew"} if path == "fused" else {"out_BV", "out_warps", "out_stages",
@@ -76,7 +86,7 @@ def _triton(path: str, by_size: Callable[[int, int, int], dict[str, Any]] | None
                                 norm_q_in_output=bool(opts.pop("norm_q_in_output", False)),
                                 index64=opts.get("index64"))
         return pipeline.state_and_outputs(x, pro, path, output_final_state=output_final_state,
-                                          state_v_first=state_v_first, BV=bv, poison=poison, **opts)
+                                          state_v_first=p.state_v_first, BV=bv, poison=poison, **opts)
 
     run.validates_itself = True
     return run

@@ -97,13 +97,26 @@ def _entry(compiled: Any, tail: tuple) -> tuple[Any, tuple, tuple]:
     return run, (compiled.function, compiled.packed_metadata, None, None, None), tail
 
 
+def _key(kernel: Any, device: int, grid: Sequence[int], args: Sequence[Any], kwargs: dict[str, Any]) -> tuple:
+    return id(kernel), device, len(grid), tuple(kwargs.items()), _specs(args)
+
+
+def entry(kernel: Any, grid: Sequence[int], args: Sequence[Any], kwargs: dict[str, Any]) -> tuple | None:
+    """The cached ``(call, head, tail)`` of a launch that :func:`launch` has made before with arguments that
+    specialise alike, on the current device (a launch is ``call(grid0, grid1, grid2, stream, *head, *args,
+    *tail)``); None when the direct path is off or there is none yet."""
+    if not _DIRECT:
+        return None
+    return _HANDLES.get(_key(kernel, torch._C._cuda_getDevice(), grid, args, kwargs))
+
+
 def launch(kernel: Any, grid: Sequence[int], args: Sequence[Any], kwargs: dict[str, Any]) -> None:
     """Launch a ``@triton.jit`` kernel on the current CUDA stream, through its cached handle when this Triton allows."""
     if not _DIRECT or _hooks_installed():
         kernel[tuple(grid)](*args, **kwargs)
         return
     device, stream = _stream()
-    key = (id(kernel), device, len(grid), tuple(kwargs.items()), _specs(args))
+    key = _key(kernel, device, grid, args, kwargs)
     entry = _HANDLES.get(key)
     if entry is None:
         compiled = kernel[tuple(grid)](*args, **kwargs)
@@ -116,6 +129,11 @@ def launch(kernel: Any, grid: Sequence[int], args: Sequence[Any], kwargs: dict[s
     call, head, tail = entry
     n = len(grid)
     call(grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1, stream, *head, *args, *tail)
+
+
+def hooks_installed() -> bool:
+    """Whether a launch hook (a profiler's) is installed: launches then go through Triton's own path."""
+    return knobs is not None and _hooks_installed()
 
 
 def cached_handles() -> int:

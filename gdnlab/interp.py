@@ -227,15 +227,16 @@ class Launch:
     kwargs: dict[str, Any]
 
 
-_RECORDING: list[list[Launch]] = []
+_RECORDING: list[tuple[list[Launch], bool]] = []
 
 
 @contextlib.contextmanager
-def recorded_launches() -> Iterator[list[Launch]]:
+def recorded_launches(run: bool = False) -> Iterator[list[Launch]]:
     """Within the block, :func:`launch` records every launch in the yielded list instead of running it, so that a
-    wrapper's exact arguments can be compiled for another target (gdnlab.compile_matrix) without running it."""
+    wrapper's exact arguments can be compiled for another target (gdnlab.compile_matrix) without running it; with
+    `run` it records and runs them (gdnlab.plans builds a call's plan so)."""
     got: list[Launch] = []
-    _RECORDING.append(got)
+    _RECORDING.append((got, run))
     try:
         yield got
     finally:
@@ -247,8 +248,10 @@ def launch(kernel: JITFunction, grid: Sequence[int], *args: Any, device: torch.d
     numerics layer when `device` is the CPU (or only record it, inside :func:`recorded_launches`)."""
     global _INTERPRETING
     if _RECORDING:
-        _RECORDING[-1].append(Launch(kernel, tuple(grid), args, kwargs))
-        return
+        got, run = _RECORDING[-1]
+        got.append(Launch(kernel, tuple(grid), args, kwargs))
+        if not run:
+            return
     if (device.type if isinstance(device, torch.device) else torch.device(device).type) == "cuda":
         handles.launch(kernel, grid, args, kwargs)
         return

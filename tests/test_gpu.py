@@ -69,3 +69,38 @@ def test_gpu_launches_through_handles_equal_tritons_path(monkeypatch):
         got = gdnlab.chunk_gated_delta_rule(**kw, backend="fast")
     assert handles.cached_handles() > 0 or not handles.direct_supported()
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+def test_gpu_plan_replay_equals_the_pipeline_eagerly_and_captured():
+    """A replayed call (gdnlab.plans) on new values, with stale NaN workspace memory, equals the pipeline bit for
+    bit; captured into a CUDA graph it allocates its own buffers and replays right on values copied in later."""
+    from gdnlab import plans
+    from gdnlab.inputs import make_inputs
+
+    def inputs(seed):
+        return make_inputs(T=300, H=2, HV=4, K=128, V=128, seed=seed, device="cuda").kwargs()
+
+    plans.clear()
+    for _ in range(2):  # record, then replay (creates the workspace)
+        gdnlab.chunk_gated_delta_rule(**inputs(0), backend="fast")
+    for pool in plans._POOLS.values():
+        pool.fill_(255)
+    kw = inputs(1)
+    got = gdnlab.chunk_gated_delta_rule(**kw, backend="fast")
+    want = gdnlab.chunk_gated_delta_rule(**kw, backend="fast", poison=True)
+    assert torch.isfinite(got[0]).all() and torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+    static = inputs(0)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+        out = gdnlab.chunk_gated_delta_rule(**static, backend="fast")
+    torch.cuda.current_stream().wait_stream(stream)
+    for name, t in kw.items():
+        if isinstance(t, torch.Tensor):
+            static[name].copy_(t)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out[0], want[0]) and torch.equal(out[1], want[1])
+    plans.clear()

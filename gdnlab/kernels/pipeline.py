@@ -33,6 +33,7 @@ class Flat:
     beta: torch.Tensor
     plan: ChunkPlan
     h0: torch.Tensor | None
+    key: tuple | None = None  # the call's signature (None where it has none); gdnlab.plans keys on it
 
 
 def flatten(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, *,
@@ -66,7 +67,8 @@ def flatten(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, 
         return x.reshape(tokens, *x.shape[2:]).to(dtype).contiguous()
 
     return Flat(p, rows(q, q.dtype), rows(k, k.dtype), rows(v, v.dtype), rows(g, torch.float32),
-                rows(beta, beta.dtype), plan, initial_state.contiguous() if initial_state is not None else None)
+                rows(beta, beta.dtype), plan, initial_state.contiguous() if initial_state is not None else None,
+                key)
 
 
 #: Validated calls by signature: (Problem, ChunkPlan).
@@ -128,7 +130,12 @@ def state_and_outputs(x: Flat, pro: Prologue, path: str, *, output_final_state: 
     p = x.problem
     o, ht = allocate_outputs(x, output_final_state, state_v_first, poison)
     walk(x, pro, path, o, ht, state_v_first=state_v_first, BV=BV, poison=poison, **options)
-    end = p.seq_bounds[-1][1] if p.seq_bounds else 0
+    end = padding_start(p)
     if end < p.B * p.T:
         o[end:] = 0
     return o.view(p.B, p.T, p.HV, p.V), ht
+
+
+def padding_start(p: Problem) -> int:
+    """The first flat row past the last sequence: rows from there on are a ragged buffer's padding (zeroed)."""
+    return p.seq_bounds[-1][1] if p.seq_bounds else 0
