@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 import numpy as np
 import pandas as pd
@@ -15,10 +16,11 @@ from benchmarks.timing import host_walls
 OUTPUT = "host.csv"
 
 
-def run(ctx: Context, tokens: tuple[int, ...] = (512, 2048), n: int = 300) -> pd.DataFrame:
+def run(ctx: Context, tokens: tuple[int, ...] = (512, 2048), n: int = 300, settle_s: float = 5.0) -> pd.DataFrame:
     """Host time per eager call: the wall time of `n` back-to-back calls on one input, synchronised once at the
-    end (at these sizes the host, not the GPU, sets the pace), per backend and size; fast's call at the smallest
-    size is profiled with cProfile into host_profile.txt (where the host time goes)."""
+    end (at these sizes the host, not the GPU, sets the pace), per backend and size, after every pair's first call
+    and `settle_s` seconds of calls; fast's call at the smallest size is profiled with cProfile into
+    host_profile.txt (where the host time goes)."""
     import cProfile
     import io
     import pstats
@@ -32,6 +34,10 @@ def run(ctx: Context, tokens: tuple[int, ...] = (512, 2048), n: int = 300) -> pd
     for T, kw in kws.items():  # every pair once before any is timed: the first pair timed read high (notes item 23)
         for be in backends:
             gdnlab.chunk_gated_delta_rule(**kw, backend=be)
+    first = kws[tokens[0]]
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < settle_s:  # the host's speed settles over seconds of calls (notes item 25)
+        gdnlab.chunk_gated_delta_rule(**first, backend=backends[0])
     torch.cuda.synchronize()
     for T, kw in kws.items():
         for be in backends:

@@ -64,3 +64,15 @@ def test_speed_vs_fastest_is_one_at_the_fastest():
                                                backend=["x", "y", "x", "y"], graph_ms=[1.0, 2.0, 3.0, 1.5])))
     rel = field.speed_vs_fastest(bench, "graph_ms")
     assert rel.loc["1x512"].tolist() == [1.0, 2.0] and rel.loc["1x1024"].tolist() == [2.0, 1.0]
+
+
+def test_host_targets_judge_both_measures_from_the_run_and_miss_without_fast():
+    h = field.load_host("h200")
+    tg = field.host_targets(h["bench"], h["host"]).set_index("timing")
+    e, g = (h["bench"].query("backend == 'fast' and shape == '1x512'")[c].item() for c in ("ms", "graph_ms"))
+    assert tg.loc["eager", "ratio"] == pytest.approx((e - g) * 1e3 / 60)
+    wall = h["host"].query("backend == 'fast' and tokens == 512").us_per_call.median()
+    assert tg.loc["host", "ratio"] == pytest.approx(wall / 60)
+    assert tg.loc["host", "met"] == (wall <= 60)
+    none = field.host_targets(h["bench"], h["host"][h["host"].backend != "fast"]).set_index("timing")
+    assert none.loc["host", "rule"] == "not measured" and not none.loc["host", "met"]
