@@ -25,7 +25,7 @@ from typing import Any, Callable
 import torch
 
 from gdnlab import handles, interp
-from gdnlab.kernels.pipeline import Flat, padding_start
+from gdnlab.kernels.pipeline import Flat, shaped_output
 
 __all__ = ["Plan", "Step", "WORKSPACE_BYTES", "key", "lookup", "record", "replay", "clear", "cached_plans"]
 
@@ -150,7 +150,7 @@ def record(k: tuple | None, x: Flat, run: Callable[[], tuple[torch.Tensor, torch
     """Run the pipeline (`run` returns ``(o as [B, T, HV, V], final state or None)``) and, when `k` is a key,
     record its launches as the plan for `k` (None is remembered where no plan can be built, so the call is not
     recorded again)."""
-    if k is None:
+    if k is None or k in _PLANS:
         return run()
     with interp.recorded_launches(run=True) as launches:
         o, ht = run()
@@ -219,11 +219,7 @@ def replay(plan: Plan, x: Flat) -> tuple[torch.Tensor, torch.Tensor | None]:
             call(g[0], g[1] if len(g) > 1 else 1, g[2] if len(g) > 2 else 1, stream, *head, *args, *tail)
         else:
             interp.launch(s.kernel, s.grid, *args, device=dev, **s.kwargs)
-    p = x.problem
-    end = padding_start(p)
-    if end < p.B * p.T:
-        o[end:] = 0
-    return o.view(p.B, p.T, p.HV, p.V), ht
+    return shaped_output(x.problem, o), ht
 
 
 def clear() -> None:

@@ -83,3 +83,16 @@ def test_a_bad_option_is_refused_on_every_call_and_leaves_no_plan():
         with pytest.raises(ValueError, match="BV"):
             _call(_inputs(0), BV=48)
     assert plans.cached_plans() == 0
+
+
+def test_a_call_without_a_plan_is_remembered_and_still_runs(monkeypatch):
+    monkeypatch.setattr(plans, "_whole", lambda t: False)  # no buffer counts as the pipeline's own: no plan
+    inp = _inputs(0)
+    want = _call(inp)
+    k = next(iter(plans._PLANS))
+    assert plans.cached_plans() == 1 and plans.lookup(k) is None
+    recordings = []
+    real = plans.interp.recorded_launches
+    monkeypatch.setattr(plans.interp, "recorded_launches", lambda run=False: recordings.append(run) or real(run))
+    got = _call(inp)
+    assert recordings == [] and torch.equal(got[0], want[0])  # ran the pipeline without recording it again

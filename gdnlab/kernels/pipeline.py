@@ -130,12 +130,13 @@ def state_and_outputs(x: Flat, pro: Prologue, path: str, *, output_final_state: 
     p = x.problem
     o, ht = allocate_outputs(x, output_final_state, state_v_first, poison)
     walk(x, pro, path, o, ht, state_v_first=state_v_first, BV=BV, poison=poison, **options)
-    end = padding_start(p)
+    return shaped_output(p, o), ht
+
+
+def shaped_output(p: Problem, o: torch.Tensor) -> torch.Tensor:
+    """The flat output `o` with a ragged buffer's padding rows (past the last sequence) zeroed, as
+    ``[B, T, HV, V]``."""
+    end = p.seq_bounds[-1][1] if p.seq_bounds else 0
     if end < p.B * p.T:
         o[end:] = 0
-    return o.view(p.B, p.T, p.HV, p.V), ht
-
-
-def padding_start(p: Problem) -> int:
-    """The first flat row past the last sequence: rows from there on are a ragged buffer's padding (zeroed)."""
-    return p.seq_bounds[-1][1] if p.seq_bounds else 0
+    return o.view(p.B, p.T, p.HV, p.V)
