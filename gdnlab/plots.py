@@ -15,7 +15,7 @@ from matplotlib.figure import Figure
 from gdnlab.metrics import ulp_bf16
 
 __all__ = ["error_vs_chunks", "field_errors", "relative_time_heatmap", "ratio_vs_chunks", "ratio_vs_decay", "ratio_heatmap", "bv_bars", "ablation_bars",
-           "isolation_bars", "save_figure", "show"]
+           "isolation_bars", "error_budget", "save_figure", "show"]
 
 _ULP_LABEL = "bf16 unit roundoff $2^{-8}$"
 
@@ -193,6 +193,34 @@ def isolation_bars(iso: pd.DataFrame) -> Figure:
         ax.set_yscale("symlog", linthresh=float(finite.min()) / 2 if not finite.empty else 1e-6)
     ax.set(xlabel="", ylabel="max abs err", title="isolation: output error")
     ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def error_budget(df: pd.DataFrame, savings: pd.DataFrame) -> Figure:
+    """Left: the emulated max error vs chunk count for every rounding set of a gdnlab.error_budget table ("all" and
+    "only output" drawn heavier). Right: each set's error over all roundings' at the longest length (below 1:
+    leaving that rounding out helps)."""
+    fig, (a, b) = plt.subplots(1, 2, figsize=(13, 4.6), gridspec_kw=dict(width_ratios=[1.3, 1]))
+    configs = list(dict.fromkeys(df.config))
+    colors = dict(zip(configs, sns.color_palette("tab20", len(configs))))
+    for c in configs:
+        line = df[df.config == c].sort_values("n_chunks")
+        heavy = c in ("all", "only output")
+        a.plot(line.n_chunks, line.max_abs_err, marker="o", ms=4 if heavy else 2.5, lw=2.6 if heavy else 1.0,
+               color="black" if c == "all" else colors[c], label=c, ls="--" if c == "only output" else "-")
+    _ulp_line(a)
+    _chunk_axis(a, sorted(df.n_chunks.unique()))
+    a.set(yscale="log", xlabel="chunks (64 tokens each)", ylabel="max abs error vs float64",
+          title="emulated error by rounding set")
+    a.grid(True, which="both", alpha=0.25)
+    a.legend(fontsize=7, ncol=2)
+    s = savings.iloc[::-1]
+    b.barh(s.index, s.vs_all, color=[colors.get(i, "grey") for i in s.index])
+    b.axvline(1.0, color="black", lw=1)
+    for y, v in enumerate(s.vs_all):
+        b.text(v, y, f" {v:.3f}", va="center", fontsize=8)
+    b.set(xlabel="max error / all roundings'", title=f"at {int(savings.n_chunks.iloc[0])} chunks")
     fig.tight_layout()
     return fig
 

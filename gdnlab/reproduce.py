@@ -89,6 +89,9 @@ NOTEBOOKS: tuple[NotebookSpec, ...] = (
         "04_root_cause", "Root cause: ablation over the fused kernel's switches",
         quick=dict(seq_lens=[64, 128], shape=_TINY),
         cuda=dict(seq_lens=[63, 64, 128, 192, 1024, 8192])),
+    NotebookSpec(
+        "09_error_budget", "Where the error comes from: the two-kernel path's roundings, one at a time",
+        quick=dict(tokens=256)),
 )
 
 

@@ -1,0 +1,77 @@
+"""gdnlab.error_budget: the float64 emulation with no rounding is the reference, with every rounding it errs like the
+two-kernel path it models, and it refuses what it does not model."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import gdnlab
+from gdnlab import error_budget as eb
+from gdnlab.reference import recurrent_gated_delta_rule_ref
+from tests.conftest import small_inputs
+
+
+def _inputs(**kw):
+    return small_inputs(T=200, dtype=torch.bfloat16, state_dtype=torch.float32, seed=3, **kw)
+
+
+def test_without_roundings_it_is_the_float64_recurrence():
+    inp = _inputs()
+    ref, _ = recurrent_gated_delta_rule_ref(**inp.kwargs())
+    assert torch.allclose(eb.emulate(inp, ()), ref[0].double(), rtol=0, atol=1e-12)
+
+
+def test_with_every_rounding_it_errs_like_the_two_kernel_path():
+    inp = _inputs()
+    ref, _ = recurrent_gated_delta_rule_ref(**inp.kwargs())
+    o, _ = gdnlab.chunk_gated_delta_rule(**inp.kwargs(), backend="two_kernel")
+    kernel = float((o[0].double() - ref[0].double()).abs().max())
+    emulated = float((eb.emulate(inp) - ref[0].double()).abs().max())
+    assert 0.5 < emulated / kernel < 2.0
+    assert float((eb.emulate(inp, ("output",)) - ref[0].double()).abs().max()) > 0
+
+
+def test_budget_has_a_row_per_configuration_and_length():
+    df = eb.budget(_inputs(), [64, 200], {k: v for k, v in eb.configurations(True).items() if k in ("none", "all")})
+    assert len(df) == 4 and set(df.config) == {"none", "all"}
+    err = df.set_index(["config", "seq_len"]).max_abs_err
+    assert err["none", 200] < 1e-12 < err["all", 200]
+    assert len(eb.configurations()) == 2 + len(eb.ROUNDINGS) and "none" in eb.configurations(True)
+
+
+def test_it_refuses_unknown_points_and_batches():
+    with pytest.raises(ValueError, match="unknown rounding points"):
+        eb.emulate(_inputs(), ("state",))
+    with pytest.raises(ValueError, match="one dense sequence"):
+        eb.emulate(small_inputs(B=2, dtype=torch.bfloat16), ())
+
+
+def test_savings_and_summaries_are_computed_from_the_table():
+    import pandas as pd
+    rows = [dict(config=c, seq_len=n, n_chunks=n // 64, max_abs_err=e) for c, n, e in (
+        ("all", 64, 1.0), ("all", 128, 2.0), ("all but wu", 128, 1.0), ("all but qk_norm", 128, 1.5),
+        ("all but output", 128, 0.5), ("all but state_for_output", 128, 2.0), ("only output", 128, 0.8))]
+    df = pd.DataFrame(rows)
+    s = eb.savings(df)
+    assert s.index[0] == "all but output" and s.loc["all but wu", "vs_all"] == 0.5
+    assert eb.largest_saving(df).numbers["best"] == "wu"        # the output's own rounding is not a choice
+    df.loc[df.config == "all but qk_norm", "max_abs_err"] = 0.1
+    assert eb.largest_saving(df).numbers["best"] == "qk_norm"
+    assert eb.state_in_fp32(df).numbers == dict(state_for_output=1.0, only_output=0.4)
+    with pytest.raises(ValueError, match="no 'all' row"):
+        eb.savings(df[df.config != "all"])
+
+
+def test_the_exactness_finding_fails_when_the_emulation_drifts():
+    import pandas as pd
+    df = pd.DataFrame(dict(config=["none", "none", "all"], seq_len=[64, 128, 128], n_chunks=[1, 2, 2],
+                           max_abs_err=[1e-16, 2e-16, 1e-3]))
+    assert eb.exact_without_roundings(df).numbers["worst"] == 2e-16
+    df.loc[1, "max_abs_err"] = 1e-6
+    with pytest.raises(AssertionError, match="from the float64 recurrence"):
+        eb.exact_without_roundings(df)
+    df.loc[1, "max_abs_err"] = float("nan")  # NaN never passes
+    with pytest.raises(AssertionError):
+        eb.exact_without_roundings(df)
+    with pytest.raises(AssertionError, match="no 'none' rows"):
+        eb.exact_without_roundings(df[df.config == "all"])
