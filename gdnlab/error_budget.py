@@ -105,10 +105,10 @@ def configurations(include_none: bool = False) -> dict[str, frozenset[str]]:
 
 def budget(inputs: GDNInputs, lengths: Iterable[int], configs: dict[str, frozenset[str]] | None = None,
            progress: bool = False) -> pd.DataFrame:
-    """Max absolute output error against the float64 recurrence of the first n tokens, for every n in `lengths`
-    and every rounding set in `configs` (default :func:`configurations`): one long-format row each (config,
-    rounded, seq_len, n_chunks, max_abs_err, mean_abs_err). One emulation per set; the error at n tokens is that of its first
-    n output rows, as in the device sweep."""
+    """Max and mean absolute output error against the float64 recurrence of the first n tokens, for every n in
+    `lengths` and every rounding set in `configs` (default :func:`configurations`): one long-format row each
+    (config, rounded, seq_len, n_chunks, max_abs_err, mean_abs_err). One emulation per set; the error at n tokens
+    is that of its first n output rows, as in the device sweep."""
     ref_fn = recurrent_gated_delta_rule_ref if inputs.q.shape[1] <= 4096 else chunk_gated_delta_rule_ref
     ref = ref_fn(**{**inputs.kwargs(), "output_final_state": False})[0][0].to(torch.float64)
     rows = []
