@@ -38,8 +38,10 @@ def _triton(path: str, by_size: Callable[[int, int, int], dict[str, Any]] | None
     """A backend that runs the lab's Triton kernels through gdnlab.kernels.pipeline: `path` is "two_kernel" or
     "fused". Every path takes the prologue's options too: `prologue_warps` (its num_warps) and `fuse_norm` (the q/k
     l2-norm inside the prologue instead of two launches of its own). The two-kernel path also takes
-    `norm_q_in_output` (q's l2-norm inside the output kernel: one launch and one pass over q fewer) and `index64`
-    (int64 indices in its kernels; default: only where a buffer has 2^31 elements or more). `by_size(programs,
+    `norm_q_in_output` (q's l2-norm inside the output kernel: one launch and one pass over q fewer), `index64`
+    (int64 indices in its kernels; default: only where a buffer has 2^31 elements or more) and `fold_norm` (q and k
+    never rounded after normalising: their inverse row norms scale every product in fp32; docs/speed-notes.md
+    item 27). `by_size(programs,
     walkers, sms)` gives defaults that depend on the call: programs = chunks x value heads (the prologue's grid),
     walkers = the state kernel's programs (sequences x value heads x V tiles), sms = the device's
     multiprocessors. Options passed to the call override both."""
@@ -68,7 +70,7 @@ def _triton(path: str, by_size: Callable[[int, int, int], dict[str, Any]] | None
         opts = {**defaults, **sized, **options}
         allowed = {"BV", "poison", "num_warps", "num_stages", "prologue_warps", "prologue_solve", "fuse_norm"} | (
             {"downcast", "intra_vnew"} if path == "fused" else {"out_BV", "out_warps", "out_stages",
-                                                                 "norm_q_in_output", "index64"})
+                                                                 "norm_q_in_output", "index64", "fold_norm"})
         unknown = set(opts) - allowed
         if unknown:
             raise TypeError(f"options: {path} backend does not take {sorted(unknown)}; it takes {sorted(allowed)}")
@@ -80,11 +82,14 @@ def _triton(path: str, by_size: Callable[[int, int, int], dict[str, Any]] | None
         if opts.get("out_BV") not in (None, *OUT_BVS):
             raise ValueError(f"out_BV: must be one of {', '.join(map(str, OUT_BVS))}, got {opts['out_BV']!r}")
         poison = bool(opts.pop("poison", False))
+        fold = bool(opts.pop("fold_norm", False))
+        if fold:  # the size rule's norm placement gives way; one asked for explicitly is refused by the prologue
+            opts["norm_q_in_output"] = bool(options.get("norm_q_in_output", False))
         pro = pipeline.prologue(x, use_qk_l2norm_in_kernel, poison, fuse_norm=bool(opts.pop("fuse_norm", False)),
                                 num_warps=int(opts.pop("prologue_warps", 4)),
                                 solve=opts.pop("prologue_solve", SOLVE),
                                 norm_q_in_output=bool(opts.pop("norm_q_in_output", False)),
-                                index64=opts.get("index64"))
+                                index64=opts.get("index64"), fold_norm=fold)
         return pipeline.state_and_outputs(x, pro, path, output_final_state=output_final_state,
                                           state_v_first=p.state_v_first, BV=bv, poison=poison, **opts)
 

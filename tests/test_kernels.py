@@ -204,3 +204,26 @@ def test_host_grid_helpers_equal_tritons():
     from gdnlab.kernel_params import cdiv, pow2
     assert all(pow2(n) == triton.next_power_of_2(n) for n in range(1, 4100))
     assert all(cdiv(a, b) == triton.cdiv(a, b) for a in range(0, 300) for b in range(1, 70))
+
+
+def test_fold_norm_changes_only_calls_that_normalise_and_stays_in_budget():
+    """fold_norm: without the l2-norm it is the two-kernel path bit for bit; with it every element is written,
+    the result within the conformance budgets, and not the normalised path's bits (the rounding it removes)."""
+    inp = CASES_BY_NAME["var_pad"].inputs("cpu")
+    kw = inp.kwargs()
+    ro, rh = recurrent_gated_delta_rule_ref(**kw)
+    rows = valid_rows(inp.cu_seqlens, inp.q.shape[1])
+    base = gdnlab.chunk_gated_delta_rule(**kw, backend="two_kernel", poison=True)
+    fold = gdnlab.chunk_gated_delta_rule(**kw, backend="fast", poison=True, fold_norm=True)
+    assert torch.isfinite(fold[0]).all() and torch.isfinite(fold[1]).all()
+    assert (fold[0][:, int(inp.cu_seqlens[-1]):] == 0).all()
+    assert CUTEDSL_OUTPUT.check(fold[0][:, rows], ro[:, rows])[0] and CUTEDSL_STATE.check(fold[1], rh)[0]
+    assert not torch.equal(fold[0], base[0])
+    plain = {**kw, "use_qk_l2norm_in_kernel": False}
+    a = gdnlab.chunk_gated_delta_rule(**plain, backend="two_kernel", fold_norm=True)
+    b = gdnlab.chunk_gated_delta_rule(**plain, backend="two_kernel")
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+    with pytest.raises(ValueError, match="fold_norm"):
+        gdnlab.chunk_gated_delta_rule(**kw, backend="two_kernel", fold_norm=True, norm_q_in_output=True)
+    with pytest.raises(TypeError, match="fold_norm"):
+        gdnlab.chunk_gated_delta_rule(**kw, backend="fused_fixed", fold_norm=True)

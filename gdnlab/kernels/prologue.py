@@ -39,6 +39,15 @@ def l2norm_kernel(x_ptr, y_ptr, n_rows, D: tl.constexpr, BD: tl.constexpr, BR: t
 
 
 @triton.jit
+def inv_norm_kernel(x_ptr, y_ptr, n_rows, D: tl.constexpr, BD: tl.constexpr, BR: tl.constexpr):
+    """1 / l2 norm of each row, in fp32: the scale that folds the l2-norm into products of the raw rows."""
+    rows = tl.program_id(0) * BR + tl.arange(0, BR)
+    mrow = rows < n_rows
+    x = load_rows(x_ptr, rows, mrow, D, 0, BD, D).to(tl.float32)
+    tl.store(y_ptr + rows, 1.0 / l2_norm_of_rows(x), mask=mrow)
+
+
+@triton.jit
 def _keys(src_ptr, dst_ptr, rows, mrow, first, stride, D: tl.constexpr, DP: tl.constexpr, NORM: tl.constexpr,
           STORE: tl.constexpr):
     """A [BT, DP] tile of q or k. With NORM it is l2-normalised in fp32 and rounded to the input dtype, exactly as
@@ -133,13 +142,14 @@ def _solve(a, BT: tl.constexpr, SOLVE: tl.constexpr):
 
 @triton.jit
 def prologue_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, qn_ptr, kn_ptr, gcum_ptr, w_ptr, u_ptr, cu_ptr, chunks_ptr,
-                    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, KP: tl.constexpr,
+                    rk_ptr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, KP: tl.constexpr,
                     VP: tl.constexpr, BT: tl.constexpr, NORM: tl.constexpr, SOLVE: tl.constexpr,
-                    I64: tl.constexpr = True):
+                    I64: tl.constexpr = True, FOLD: tl.constexpr = False):
     """One program per (chunk, value head): [q/k l2-norm,] cumsum, A, T = (I + A)^-1 and W/U for that chunk.
 
     A, W and U are whole-chunk tensor-core dots; the solve works on 16x16 blocks (see _solve), so no 64x64 fp32
-    product runs on the FMA units.
+    product runs on the FMA units. With FOLD, k is raw and its rows' inverse l2 norms (rk_ptr, fp32 [tokens, H])
+    scale A's rows and columns and W's operand in fp32, so no normalised k is rounded.
     """
     i_c, i_hv = tl.program_id(0), tl.program_id(1)
     i_n = tl.load(chunks_ptr + 2 * i_c)
@@ -159,7 +169,11 @@ def prologue_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, qn_ptr, kn_ptr, gcum_p
         _keys(q_ptr + i_h * K, qn_ptr + i_h * K, rows, mrow, first, H * K, K, KP, NORM, True)
     kt = _keys(k_ptr + i_h * K, kn_ptr + i_h * K, rows, mrow, first, H * K, K, KP, NORM, True)
 
-    a = tl.dot((kt.to(tl.float32) * beta[:, None]).to(kt.dtype), tl.trans(kt))
+    if FOLD:
+        rk = tl.load(rk_ptr + rows * H + i_h, mask=mrow, other=0.0)
+        a = tl.dot((kt.to(tl.float32) * (beta * rk)[:, None]).to(kt.dtype), tl.trans(kt)) * rk[None, :]
+    else:
+        a = tl.dot((kt.to(tl.float32) * beta[:, None]).to(kt.dtype), tl.trans(kt))
     strict = (r[:, None] > r[None, :]) & mrow[:, None] & mrow[None, :]
     a = tl.where(strict, a * tl.exp(tl.where(strict, g_cum[:, None] - g_cum[None, :], 0.0)), 0.0)
     t = _solve(a, BT, SOLVE).to(tl.bfloat16)
@@ -167,7 +181,11 @@ def prologue_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, qn_ptr, kn_ptr, gcum_p
     # k is loaded (and normalised) again rather than kept live across the solve: the form the H200 runs measured;
     # the Hopper build spills the same 848 B either way (docs/speed-notes.md).
     kt = _keys(k_ptr + i_h * K, kn_ptr + i_h * K, rows, mrow, first, H * K, K, KP, NORM, False)
-    kb = (kt.to(tl.float32) * (beta * tl.exp(g_cum))[:, None]).to(tl.bfloat16)
+    if FOLD:  # rk loaded again rather than kept live across the solve, as k is
+        rk = tl.load(rk_ptr + rows * H + i_h, mask=mrow, other=0.0)
+        kb = (kt.to(tl.float32) * (beta * tl.exp(g_cum) * rk)[:, None]).to(tl.bfloat16)
+    else:
+        kb = (kt.to(tl.float32) * (beta * tl.exp(g_cum))[:, None]).to(tl.bfloat16)
     store_rows(w_ptr + i_hv * K, rows, mrow, HV * K, 0, tl.dot(t, kb), KP, K)
     vt = load_rows(v_ptr + i_hv * V, rows, mrow, HV * V, 0, VP, V)
     vb = (vt.to(tl.float32) * beta[:, None]).to(tl.bfloat16)
@@ -212,7 +230,8 @@ class ChunkPlan:
 
 @dataclass
 class Prologue:
-    """What the prologue hands to the state/output stage. q, k are l2-normalised when asked."""
+    """What the prologue hands to the state/output stage. q, k are l2-normalised when asked (or raw, with their
+    inverse norms in q_scale / k_scale, when the norm is folded into the products)."""
 
     q: torch.Tensor
     k: torch.Tensor
@@ -220,6 +239,8 @@ class Prologue:
     w: torch.Tensor  # bf16 [tokens, HV, K]
     u: torch.Tensor  # bf16 [tokens, HV, V]
     norm_q: bool = False  # q is still to be l2-normalised, by the output kernel
+    q_scale: torch.Tensor | None = None  # fold_norm: q and k are raw, these are their rows' inverse l2 norms
+    k_scale: torch.Tensor | None = None  # (fp32 [tokens, H]), applied to the products in fp32
 
 
 def wide_index(*tensors: torch.Tensor) -> bool:
@@ -243,19 +264,35 @@ def l2norm(x: torch.Tensor, poison: bool = False) -> torch.Tensor:
     return y
 
 
+def inv_norms(x: torch.Tensor, poison: bool = False) -> torch.Tensor:
+    """1 / l2 norm of every row of the last dim, fp32, shaped like x without its last dim."""
+    d = x.shape[-1]
+    y = alloc(x.shape[:-1], torch.float32, x.device, poison)
+    n = x.numel() // d
+    br = 16
+    launch(inv_norm_kernel, (cdiv(n, br),), x, y, n, D=d, BD=pow2(d), BR=br, device=x.device)
+    return y
+
+
 def run_prologue(q, k, v, g, beta, plan: ChunkPlan, use_qk_l2norm: bool, poison: bool = False,
                  fuse_norm: bool = False, num_warps: int = 4, solve: str = SOLVE,
-                 norm_q_in_output: bool = False, index64: bool | None = None) -> Prologue:
+                 norm_q_in_output: bool = False, index64: bool | None = None, fold_norm: bool = False) -> Prologue:
     """Launch the shared prologue on flattened `[tokens, heads, D]` tensors. The q/k l2-norm runs as two launches
     of l2norm_kernel (as the two-kernel pipeline does) or, with `fuse_norm`, inside the prologue kernel; with
-    `norm_q_in_output` only k's runs here and q's is left to the output kernel (Prologue.norm_q). `index64`: int64
-    indices (None: where a buffer needs them)."""
+    `norm_q_in_output` only k's runs here and q's is left to the output kernel (Prologue.norm_q). With `fold_norm`
+    (two-kernel path only) q and k stay raw and two launches of inv_norm_kernel give their rows' inverse norms,
+    which every later product applies in fp32. `index64`: int64 indices (None: where a buffer needs them)."""
     tokens, H, K = k.shape
     HV, V = v.shape[1], v.shape[2]
     dev = k.device
+    fold = use_qk_l2norm and fold_norm
+    if fold and (fuse_norm or norm_q_in_output):
+        raise ValueError("fold_norm: takes neither fuse_norm nor norm_q_in_output (the norm is folded, not applied)")
+    q_scale = inv_norms(q, poison) if fold else None
+    k_scale = inv_norms(k, poison) if fold else None
     norm_inside = use_qk_l2norm and fuse_norm
     norm_q = use_qk_l2norm and norm_q_in_output and not fuse_norm
-    if use_qk_l2norm and not fuse_norm:
+    if use_qk_l2norm and not fuse_norm and not fold:
         q, k = (q if norm_q else l2norm(q, poison)), l2norm(k, poison)
     qn = alloc(q.shape, q.dtype, dev, poison) if norm_inside else q
     kn = alloc(k.shape, k.dtype, dev, poison) if norm_inside else k
@@ -264,7 +301,7 @@ def run_prologue(q, k, v, g, beta, plan: ChunkPlan, use_qk_l2norm: bool, poison:
     u = alloc((tokens, HV, V), torch.bfloat16, dev, poison)
     if plan.n_chunks:
         launch(prologue_kernel, (plan.n_chunks, HV), q, k, v, g, beta, qn, kn, g_cum, w, u, plan.cu_seqlens,
-               plan.chunks, H=H, HV=HV, K=K, V=V, KP=pow2(K), VP=pow2(V),
+               plan.chunks, k_scale if fold else g_cum, H=H, HV=HV, K=K, V=V, KP=pow2(K), VP=pow2(V),
                BT=BT, NORM=norm_inside, SOLVE=solve, num_warps=num_warps, device=dev,
-               I64=wide_index(q, v, w) if index64 is None else index64)
-    return Prologue(qn, kn, g_cum, w, u, norm_q)
+               I64=wide_index(q, v, w) if index64 is None else index64, FOLD=fold)
+    return Prologue(qn, kn, g_cum, w, u, norm_q, q_scale, k_scale)
