@@ -31,20 +31,17 @@ def _l2_normalised(x):
 
 
 @triton.jit
-def l2norm_kernel(x_ptr, y_ptr, n_rows, D: tl.constexpr, BD: tl.constexpr, BR: tl.constexpr):
-    """Row-wise l2 normalisation, computed in fp32, stored in y's dtype."""
+def l2norm_kernel(x_ptr, y_ptr, n_rows, D: tl.constexpr, BD: tl.constexpr, BR: tl.constexpr,
+                  INV: tl.constexpr = False):
+    """Row-wise l2 normalisation, computed in fp32, stored in y's dtype; with INV each row's inverse l2 norm
+    instead (fp32, one per row): the scale that folds the norm into products of the raw rows."""
     rows = tl.program_id(0) * BR + tl.arange(0, BR)
     mrow = rows < n_rows
-    store_rows(y_ptr, rows, mrow, D, 0, _l2_normalised(load_rows(x_ptr, rows, mrow, D, 0, BD, D)), BD, D)
-
-
-@triton.jit
-def inv_norm_kernel(x_ptr, y_ptr, n_rows, D: tl.constexpr, BD: tl.constexpr, BR: tl.constexpr):
-    """1 / l2 norm of each row, in fp32: the scale that folds the l2-norm into products of the raw rows."""
-    rows = tl.program_id(0) * BR + tl.arange(0, BR)
-    mrow = rows < n_rows
-    x = load_rows(x_ptr, rows, mrow, D, 0, BD, D).to(tl.float32)
-    tl.store(y_ptr + rows, 1.0 / l2_norm_of_rows(x), mask=mrow)
+    x = load_rows(x_ptr, rows, mrow, D, 0, BD, D)
+    if INV:
+        tl.store(y_ptr + rows, 1.0 / l2_norm_of_rows(x.to(tl.float32)), mask=mrow)
+    else:
+        store_rows(y_ptr, rows, mrow, D, 0, _l2_normalised(x), BD, D)
 
 
 @triton.jit
@@ -253,24 +250,15 @@ def alloc(shape, dtype, device, poison: bool) -> torch.Tensor:
         shape, dtype=dtype, device=device)
 
 
-def l2norm(x: torch.Tensor, poison: bool = False) -> torch.Tensor:
-    """Row-wise l2 normalisation of the last dim, in fp32, rounded to x's dtype."""
+def l2norm(x: torch.Tensor, poison: bool = False, inverse: bool = False) -> torch.Tensor:
+    """Row-wise l2 normalisation of the last dim, in fp32, rounded to x's dtype; with `inverse`, each row's
+    inverse l2 norm instead (fp32, shaped like x without its last dim)."""
     d = x.shape[-1]
-    y = alloc(x.shape, x.dtype, x.device, poison)
+    y = alloc(x.shape[:-1] if inverse else x.shape, torch.float32 if inverse else x.dtype, x.device, poison)
     n = x.numel() // d
     br = 16
-    launch(l2norm_kernel, (cdiv(n, br),), x, y, n, D=d, BD=pow2(d), BR=br,
+    launch(l2norm_kernel, (cdiv(n, br),), x, y, n, D=d, BD=pow2(d), BR=br, **({"INV": True} if inverse else {}),
            device=x.device)
-    return y
-
-
-def inv_norms(x: torch.Tensor, poison: bool = False) -> torch.Tensor:
-    """1 / l2 norm of every row of the last dim, fp32, shaped like x without its last dim."""
-    d = x.shape[-1]
-    y = alloc(x.shape[:-1], torch.float32, x.device, poison)
-    n = x.numel() // d
-    br = 16
-    launch(inv_norm_kernel, (cdiv(n, br),), x, y, n, D=d, BD=pow2(d), BR=br, device=x.device)
     return y
 
 
@@ -280,7 +268,7 @@ def run_prologue(q, k, v, g, beta, plan: ChunkPlan, use_qk_l2norm: bool, poison:
     """Launch the shared prologue on flattened `[tokens, heads, D]` tensors. The q/k l2-norm runs as two launches
     of l2norm_kernel (as the two-kernel pipeline does) or, with `fuse_norm`, inside the prologue kernel; with
     `norm_q_in_output` only k's runs here and q's is left to the output kernel (Prologue.norm_q). With `fold_norm`
-    (two-kernel path only) q and k stay raw and two launches of inv_norm_kernel give their rows' inverse norms,
+    (two-kernel path only) q and k stay raw and two launches of l2norm_kernel give their rows' inverse norms,
     which every later product applies in fp32. `index64`: int64 indices (None: where a buffer needs them)."""
     tokens, H, K = k.shape
     HV, V = v.shape[1], v.shape[2]
@@ -288,8 +276,8 @@ def run_prologue(q, k, v, g, beta, plan: ChunkPlan, use_qk_l2norm: bool, poison:
     fold = use_qk_l2norm and fold_norm
     if fold and (fuse_norm or norm_q_in_output):
         raise ValueError("fold_norm: takes neither fuse_norm nor norm_q_in_output (the norm is folded, not applied)")
-    q_scale = inv_norms(q, poison) if fold else None
-    k_scale = inv_norms(k, poison) if fold else None
+    q_scale = l2norm(q, poison, inverse=True) if fold else None
+    k_scale = l2norm(k, poison, inverse=True) if fold else None
     norm_inside = use_qk_l2norm and fuse_norm
     norm_q = use_qk_l2norm and norm_q_in_output and not fuse_norm
     if use_qk_l2norm and not fuse_norm and not fold:
