@@ -35,15 +35,14 @@ def _reference(q, k, v, g, beta, **kw: Any):
 
 def _triton(path: str, by_size: Callable[[int, int, int], dict[str, Any]] | None = None,
             **defaults: Any) -> Backend:
-    """A backend that runs the lab's Triton kernels through gdnlab.kernels.pipeline: `path` is "two_kernel" or
-    "fused". Every path takes the prologue's options too: `prologue_warps` (its num_warps) and `fuse_norm` (the q/k
-    l2-norm inside the prologue instead of two launches of its own). The two-kernel path also takes
-    `norm_q_in_output` (q's l2-norm inside the output kernel: one launch and one pass over q fewer), `index64`
-    (int64 indices in its kernels; default: only where a buffer has 2^31 elements or more) and `fold_norm` (q and k
-    never rounded after normalising: their inverse row norms scale every product in fp32; docs/speed-notes.md
-    item 27). `by_size(programs,
-    walkers, sms)` gives defaults that depend on the call: programs = chunks x value heads (the prologue's grid),
-    walkers = the state kernel's programs (sequences x value heads x V tiles), sms = the device's
+    """A backend that runs the lab's Triton kernels through gdnlab.kernels.pipeline: `path` is "two_kernel" or "fused".
+    Every path takes the prologue's options too: `prologue_warps` (its num_warps) and `fuse_norm` (the q/k l2-norm
+    inside the prologue instead of two launches of its own). The two-kernel path also takes `norm_q_in_output` (q's
+    l2-norm inside the output kernel: one launch and one pass over q fewer), `index64` (int64 indices in its
+    kernels; default: only where a buffer has 2^31 elements or more) and `fold_norm` (q and k never rounded after
+    normalising: their inverse row norms scale every product in fp32; docs/speed-notes.md item 27).
+    `by_size(programs, walkers, sms)` gives defaults that depend on the call: programs = chunks x value heads (the
+    prologue's grid), walkers = the state kernel's programs (sequences x value heads x V tiles), sms = the device's
     multiprocessors. Options passed to the call override both."""
 
     token = object()  # this backend, in gdnlab.plans's keys

@@ -15,10 +15,10 @@ The lab's two-kernel path (and fast, the same kernels) rounds to bf16 at these p
 
 :func:`emulate` runs one sequence through the chunk recurrence in float64 with a chosen set of these rounded (each
 product is exact, so this leaves out the fp32 accumulation inside the kernels' dots and the prologue's own
-intermediate roundings); :func:`budget` measures, against the float64 recurrence, the error with none, with all,
-with all but one and with only one of them. A rounding whose removal lowers the error most is the one a more
-accurate kernel would have to avoid first (issue 20's hint: a kernel that keeps the state in fp32 through the
-output product avoids ``state_for_output``).
+intermediate roundings); :func:`budget` measures, against the float64 recurrence, the error with all of them, with
+all but one, with only the output's and (asked for) with none. A rounding whose removal lowers the error most is the
+one a more accurate kernel would have to avoid first (issue 20's hint: a kernel that keeps the state in fp32 through
+the output product avoids ``state_for_output``).
 """
 from __future__ import annotations
 
@@ -28,7 +28,6 @@ import pandas as pd
 import torch
 
 from gdnlab.findings import Finding, Summary, _fail
-
 from gdnlab.inputs import GDNInputs
 from gdnlab.kernel_params import BT
 from gdnlab.reference import chunk_gated_delta_rule_ref, l2norm, recurrent_gated_delta_rule_ref
@@ -124,7 +123,6 @@ def budget(inputs: GDNInputs, lengths: Iterable[int], configs: dict[str, frozens
                              n_chunks=-(-n // BT), max_abs_err=float((o[:n] - ref[:n]).abs().max()),
                              mean_abs_err=float((o[:n] - ref[:n]).abs().mean())))
     return pd.DataFrame(rows)
-
 
 
 def savings(df: pd.DataFrame) -> pd.DataFrame:

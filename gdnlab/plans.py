@@ -167,13 +167,12 @@ def _stream_key(device: torch.device) -> tuple:
     return index, torch._C._cuda_getCurrentRawStream(index), threading.get_ident()
 
 
-def _intermediates(plan: Plan) -> dict[int, torch.Tensor]:
-    """Index -> tensor for the plan's intermediates: views into this stream's workspace, or fresh buffers for a
-    large plan or a call being captured into a CUDA graph."""
+def _intermediates(plan: Plan, sk: tuple) -> dict[int, torch.Tensor]:
+    """Index -> tensor for the plan's intermediates: views into the workspace of `sk` (:func:`_stream_key`), or
+    fresh buffers for a large plan or a call being captured into a CUDA graph."""
     dev = plan.device
     if plan.workspace_bytes > WORKSPACE_BYTES or (dev.type == "cuda" and torch.cuda.is_current_stream_capturing()):
         return {i: torch.empty(plan.buffers[i][0], dtype=plan.buffers[i][1], device=dev) for i in plan.offsets}
-    sk = _stream_key(dev)
     pool = _POOLS.get(sk)
     if pool is None or pool.numel() < plan.workspace_bytes:
         pool = torch.empty(max(plan.workspace_bytes, ALIGN), dtype=torch.uint8, device=dev)
@@ -199,7 +198,8 @@ def replay(plan: Plan, x: Flat) -> tuple[torch.Tensor, torch.Tensor | None]:
     through their compiled handles (Triton's path where there is none, or while a launch hook is installed).
     Returns ``(o as [B, T, HV, V], final state or None)``."""
     dev = plan.device
-    bufs = dict(_intermediates(plan))
+    sk = _stream_key(dev)
+    bufs = dict(_intermediates(plan, sk))
     shape, dtype = plan.buffers[plan.output]
     o = bufs[plan.output] = torch.empty(shape, dtype=dtype, device=dev)
     ht = None
@@ -208,7 +208,7 @@ def replay(plan: Plan, x: Flat) -> tuple[torch.Tensor, torch.Tensor | None]:
         ht = bufs[plan.state] = torch.empty(shape, dtype=dtype, device=dev)
     sources = (_inputs(x), bufs)
     direct = dev.type == "cuda" and not handles.hooks_installed()
-    stream = _stream_key(dev)[1] if direct else None
+    stream = sk[1]
     for s in plan.steps:
         args = list(s.base)
         for pos, src, i in s.slots:
