@@ -14,7 +14,9 @@ OUTPUT = "in_situ.csv"
 
 
 def run(ctx: Context, backends: tuple[str, ...] = ("fast", "fla")) -> pd.DataFrame:
-    """The in-situ profile of `backends` at every bench shape (see the module docstring)."""
+    """The in-situ profile of `backends` (the run's --backends when given) at every bench shape (see the module
+    docstring)."""
+    backends = tuple(ctx.backends) if ctx.backends else backends
     import torch
     from torch.profiler import ProfilerActivity, profile
 
