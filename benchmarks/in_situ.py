@@ -7,8 +7,8 @@ import pandas as pd
 
 from benchmarks.context import Context
 from benchmarks.env import log, stamp
-from benchmarks.inputs import SHAPES, call_kwargs, input_sets, tokens_of
-from benchmarks.timing import capture
+from benchmarks.inputs import SHAPES, input_sets, tokens_of
+from benchmarks.timing import backend_calls, capture
 
 OUTPUT = "in_situ.csv"
 
@@ -20,7 +20,6 @@ def run(ctx: Context, backends: tuple[str, ...] = ("fast", "fla")) -> pd.DataFra
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    import gdnlab
     rows = []
     reps = 20
     for B, T in SHAPES:
@@ -28,8 +27,7 @@ def run(ctx: Context, backends: tuple[str, ...] = ("fast", "fla")) -> pd.DataFra
         tokens = tokens_of(B, T)
         for be in backends:
             try:
-                graphs = capture([lambda kw=call_kwargs(st, be): gdnlab.chunk_gated_delta_rule(**kw, backend=be)
-                                   for st in sets])
+                graphs = capture(backend_calls(be, sets))
                 for gr in graphs:
                     gr.replay()
                 torch.cuda.synchronize()
