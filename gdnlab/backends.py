@@ -40,8 +40,7 @@ def _triton(path: str, by_size: Callable[[int, int, int], dict[str, Any]] | None
     inside the prologue instead of two launches of its own). The two-kernel path also takes `norm_q_in_output` (q's
     l2-norm inside the output kernel: one launch and one pass over q fewer), `index64` (int64 indices in its
     kernels; default: only where a buffer has 2^31 elements or more) and `fold_norm` (q and k never rounded after
-    normalising: their inverse row norms scale every product in fp32; docs/speed-notes.md item 27) and `tma` (the
-    state kernel reads its tiles through tensor descriptors: TMA on Hopper; the same numbers; item 28).
+    normalising: their inverse row norms scale every product in fp32; docs/speed-notes.md item 27).
     `by_size(programs, walkers, sms)` gives defaults that depend on the call: programs = chunks x value heads (the
     prologue's grid), walkers = the state kernel's programs (sequences x value heads x V tiles), sms = the device's
     multiprocessors. Options passed to the call override both."""
@@ -70,7 +69,7 @@ def _triton(path: str, by_size: Callable[[int, int, int], dict[str, Any]] | None
         opts = {**defaults, **sized, **options}
         allowed = {"BV", "poison", "num_warps", "num_stages", "prologue_warps", "prologue_solve", "fuse_norm"} | (
             {"downcast", "intra_vnew"} if path == "fused" else {"out_BV", "out_warps", "out_stages",
-                                                                 "norm_q_in_output", "index64", "fold_norm", "tma"})
+                                                                 "norm_q_in_output", "index64", "fold_norm"})
         unknown = set(opts) - allowed
         if unknown:
             raise TypeError(f"options: {path} backend does not take {sorted(unknown)}; it takes {sorted(allowed)}")

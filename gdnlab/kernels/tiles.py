@@ -31,26 +31,6 @@ def load_rows(ptr, rows, mrow, stride, col0, NCOL: tl.constexpr, COLS: tl.conste
 
 
 @triton.jit
-def load_tile(ptr, desc, rows, mrow, stride, r0, col0, NCOL: tl.constexpr, COLS: tl.constexpr, TMA: tl.constexpr):
-    """load_rows, or with TMA the same tile through `desc`, a tensor descriptor over the sequence's rows (r0: the
-    tile's first row within them). A descriptor's load reads zeros outside its shape, as load_rows's masks do, so
-    both give the same tile; on Hopper it is a TMA copy that Triton's pipeliner can issue chunks ahead."""
-    if TMA:
-        return desc.load([r0, col0])
-    else:
-        return load_rows(ptr, rows, mrow, stride, col0, NCOL, COLS)
-
-
-@triton.jit
-def sequence_rows(ptr, bos, n_rows, stride, COLS: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr):
-    """A tensor descriptor over one sequence's rows of a token buffer (`ptr` offset to the head, `n_rows` rows from
-    `bos`) in [BR, BC] blocks; TMA needs the rows' start and stride 16-byte aligned (gdnlab.kernels.two_kernel
-    checks)."""
-    return tl.make_tensor_descriptor(ptr + bos * stride, shape=[n_rows, COLS], strides=[stride, 1],
-                                     block_shape=[BR, BC])
-
-
-@triton.jit
 def store_rows(ptr, rows, mrow, stride, col0, val, NCOL: tl.constexpr, COLS: tl.constexpr):
     """Store a [rows, NCOL] tile at column col0, skipping masked rows and columns past COLS."""
     c = col0 + tl.arange(0, NCOL)
@@ -108,10 +88,9 @@ def chunk_output(o_inter, scores, g_cum, rows, mrow, operand, scale):
 
 
 @triton.jit
-def w_times_h(w_ptr, rows, mrow, sw, k0, h_bf16, K: tl.constexpr, desc=None, r0=0, TMA: tl.constexpr = False):
-    """W.h for one K tile: the part of the chunk's state contribution that V_new subtracts (W through `desc` with
-    TMA: load_tile)."""
-    w = load_tile(w_ptr, desc, rows, mrow, sw, r0, k0, 64, K, TMA)
+def w_times_h(w_ptr, rows, mrow, sw, k0, h_bf16, K: tl.constexpr):
+    """W.h for one K tile: the part of the chunk's state contribution that V_new subtracts."""
+    w = load_rows(w_ptr, rows, mrow, sw, k0, 64, K)
     return tl.dot(w, h_bf16)
 
 
@@ -122,11 +101,9 @@ def gated_delta(v_new, g_cum, g_last, mrow):
 
 
 @triton.jit
-def absorb(s, k_ptr, rows, mrow, sqk, k0, vg, eg, K: tl.constexpr, V_FIRST: tl.constexpr, desc=None, r0=0,
-           TMA: tl.constexpr = False):
-    """Carry one K tile of the state across a chunk: S = exp(G_last) S + K_tile^T vg ([BV, 64] when V_FIRST; K
-    through `desc` with TMA: load_tile)."""
-    k = load_tile(k_ptr, desc, rows, mrow, sqk, r0, k0, 64, K, TMA)
+def absorb(s, k_ptr, rows, mrow, sqk, k0, vg, eg, K: tl.constexpr, V_FIRST: tl.constexpr):
+    """Carry one K tile of the state across a chunk: S = exp(G_last) S + K_tile^T vg ([BV, 64] when V_FIRST)."""
+    k = load_rows(k_ptr, rows, mrow, sqk, k0, 64, K)
     if V_FIRST:
         return s * eg + tl.dot(tl.trans(vg), k)
     else:
@@ -134,14 +111,13 @@ def absorb(s, k_ptr, rows, mrow, sqk, k0, vg, eg, K: tl.constexpr, V_FIRST: tl.c
 
 
 @triton.jit
-def absorb_all(s0, s1, s2, s3, k_ptr, rows, mrow, sqk, vg, eg, K: tl.constexpr, V_FIRST: tl.constexpr, desc=None,
-               r0=0, TMA: tl.constexpr = False):
+def absorb_all(s0, s1, s2, s3, k_ptr, rows, mrow, sqk, vg, eg, K: tl.constexpr, V_FIRST: tl.constexpr):
     """absorb() on every 64-wide K tile of the state (tiles past K stay as they are)."""
-    s0 = absorb(s0, k_ptr, rows, mrow, sqk, 0, vg, eg, K, V_FIRST, desc, r0, TMA)
+    s0 = absorb(s0, k_ptr, rows, mrow, sqk, 0, vg, eg, K, V_FIRST)
     if K > 64:
-        s1 = absorb(s1, k_ptr, rows, mrow, sqk, 64, vg, eg, K, V_FIRST, desc, r0, TMA)
+        s1 = absorb(s1, k_ptr, rows, mrow, sqk, 64, vg, eg, K, V_FIRST)
     if K > 128:
-        s2 = absorb(s2, k_ptr, rows, mrow, sqk, 128, vg, eg, K, V_FIRST, desc, r0, TMA)
+        s2 = absorb(s2, k_ptr, rows, mrow, sqk, 128, vg, eg, K, V_FIRST)
     if K > 192:
-        s3 = absorb(s3, k_ptr, rows, mrow, sqk, 192, vg, eg, K, V_FIRST, desc, r0, TMA)
+        s3 = absorb(s3, k_ptr, rows, mrow, sqk, 192, vg, eg, K, V_FIRST)
     return s0, s1, s2, s3

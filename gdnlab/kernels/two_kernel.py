@@ -10,19 +10,16 @@ from gdnlab.interp import launch
 from gdnlab.kernel_params import BT, cdiv, pow2
 from gdnlab.kernels.prologue import ChunkPlan, Prologue, alloc, wide_index
 from gdnlab.kernels.tiles import (absorb_all, as_index, gated_delta, chunk_output, inter_and_scores,
-                                  l2_norm_of_rows, load_rows, load_state, load_tile, sequence_rows, store_rows,
-                                  store_state, w_times_h)
+                                  l2_norm_of_rows, load_rows, load_state, store_rows, store_state, w_times_h)
 
 
 @triton.jit
 def fwd_h_kernel(k_ptr, u_ptr, w_ptr, gcum_ptr, h_ptr, vnew_ptr, h0_ptr, ht_ptr, cu_ptr, choff_ptr, rk_ptr,
                  H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
                  HAS_H0: tl.constexpr, STORE_HT: tl.constexpr, STATE_V_FIRST: tl.constexpr, BT: tl.constexpr,
-                 I64: tl.constexpr = True, FOLD: tl.constexpr = False, TMA: tl.constexpr = False):
+                 I64: tl.constexpr = True, FOLD: tl.constexpr = False):
     """One program per (V tile, sequence, value head): carry the fp32 state, store bf16 h and V_new per chunk.
-    With FOLD, k is raw and the absorbed term's rows carry its inverse l2 norms (rk_ptr, fp32 [tokens, H]). With
-    TMA the W, U and K tiles come through tensor descriptors over the sequence's rows (load_tile: the same tiles),
-    which Triton's pipeliner can fetch ahead of the serial chain; the gate loads stay pointer loads."""
+    With FOLD, k is raw and the absorbed term's rows carry its inverse l2 norms (rk_ptr, fp32 [tokens, H])."""
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_hv = i_nh // HV, i_nh % HV
     i_h = i_hv // (HV // H)
@@ -44,12 +41,6 @@ def fwd_h_kernel(k_ptr, u_ptr, w_ptr, gcum_ptr, h_ptr, vnew_ptr, h0_ptr, ht_ptr,
             s2 = load_state(sb, 128, v0, K, V, BV, STATE_V_FIRST)
         if K > 192:
             s3 = load_state(sb, 192, v0, K, V, BV, STATE_V_FIRST)
-    wd, kd, ud = None, None, None
-    if TMA:
-        n_rows = (eos - bos).to(tl.int32)
-        wd = sequence_rows(wh, bos, n_rows, HV * K, K, BT, 64)
-        kd = sequence_rows(kh, bos, n_rows, H * K, K, BT, 64)
-        ud = sequence_rows(uh, bos, n_rows, HV * V, V, BT, BV)
     r = tl.arange(0, BT)
     for c in range(0, tl.cdiv(eos - bos, BT)):
         rows = bos + c * BT + r
@@ -58,25 +49,24 @@ def fwd_h_kernel(k_ptr, u_ptr, w_ptr, gcum_ptr, h_ptr, vnew_ptr, h0_ptr, ht_ptr,
         g_last = tl.load(gcum_ptr + (tl.minimum(bos + c * BT + BT, eos) - 1) * HV + i_hv)
         hb = h_ptr + ((c0 + c) * HV + i_hv) * K * V
         store_state(hb, 0, v0, s0, K, V, BV, False)
-        vw = w_times_h(wh, rows, mrow, HV * K, 0, s0.to(tl.bfloat16), K, wd, c * BT, TMA)
+        vw = w_times_h(wh, rows, mrow, HV * K, 0, s0.to(tl.bfloat16), K)
         if K > 64:
             store_state(hb, 64, v0, s1, K, V, BV, False)
-            vw = vw + w_times_h(wh, rows, mrow, HV * K, 64, s1.to(tl.bfloat16), K, wd, c * BT, TMA)
+            vw = vw + w_times_h(wh, rows, mrow, HV * K, 64, s1.to(tl.bfloat16), K)
         if K > 128:
             store_state(hb, 128, v0, s2, K, V, BV, False)
-            vw = vw + w_times_h(wh, rows, mrow, HV * K, 128, s2.to(tl.bfloat16), K, wd, c * BT, TMA)
+            vw = vw + w_times_h(wh, rows, mrow, HV * K, 128, s2.to(tl.bfloat16), K)
         if K > 192:
             store_state(hb, 192, v0, s3, K, V, BV, False)
-            vw = vw + w_times_h(wh, rows, mrow, HV * K, 192, s3.to(tl.bfloat16), K, wd, c * BT, TMA)
-        v_new = load_tile(uh, ud, rows, mrow, HV * V, c * BT, v0, BV, V, TMA).to(tl.float32) - vw
+            vw = vw + w_times_h(wh, rows, mrow, HV * K, 192, s3.to(tl.bfloat16), K)
+        v_new = load_rows(uh, rows, mrow, HV * V, v0, BV, V).to(tl.float32) - vw
         store_rows(vh, rows, mrow, HV * V, v0, v_new, BV, V)
         if FOLD:
             vg = gated_delta(v_new * tl.load(rk_ptr + rows * H + i_h, mask=mrow, other=0.0)[:, None], g_cum,
                              g_last, mrow)
         else:
             vg = gated_delta(v_new, g_cum, g_last, mrow)
-        s0, s1, s2, s3 = absorb_all(s0, s1, s2, s3, kh, rows, mrow, H * K, vg, tl.exp(g_last), K, False,
-                                    kd, c * BT, TMA)
+        s0, s1, s2, s3 = absorb_all(s0, s1, s2, s3, kh, rows, mrow, H * K, vg, tl.exp(g_last), K, False)
     if STORE_HT:
         sb = ht_ptr + (as_index(i_n, I64) * HV + i_hv) * K * V
         store_state(sb, 0, v0, s0, K, V, BV, STATE_V_FIRST)
@@ -134,27 +124,14 @@ def fwd_o_kernel(q_ptr, k_ptr, vnew_ptr, gcum_ptr, h_ptr, o_ptr, cu_ptr, chunks_
     store_rows(o_ptr + i_hv * V, rows, mrow, HV * V, v0, out, BV, V)
 
 
-def tma_ok(*rows: torch.Tensor) -> bool:
-    """Whether token buffers ``[tokens, heads, D]`` can be read through tensor descriptors: contiguous, their start
-    and each head's row 16-byte aligned (a TMA copy's requirement), and a Triton with device-side descriptors."""
-    return hasattr(tl, "make_tensor_descriptor") and all(
-        x.is_contiguous() and not x.data_ptr() % 16 and not (x.shape[-1] * x.element_size()) % 16 for x in rows)
-
-
-def _descriptor_memory(size: int, alignment: int, stream: int | None) -> torch.Tensor:
-    """Global memory for the descriptors a kernel builds on the device (Triton asks its allocator for it)."""
-    return torch.empty(size, dtype=torch.int8, device="cuda" if torch.cuda.is_available() else "cpu")
-
-
 def two_kernel(pro: Prologue, v: torch.Tensor, o: torch.Tensor, plan: ChunkPlan, initial_state, ht, scale: float,
                state_v_first: bool, BV: int = 64, poison: bool = False, num_warps: int = 4,
                num_stages: int | None = None, out_BV: int | None = None, out_warps: int | None = None,
-               out_stages: int | None = None, index64: bool | None = None, tma: bool = False) -> None:
+               out_stages: int | None = None, index64: bool | None = None) -> None:
     """State kernel then output kernel on flattened tensors; writes o and (if given) ht. `BV`, `num_warps` and
     `num_stages` configure the state kernel, and the output kernel too unless its `out_*` options are given
     (None: Triton's default stages). The output kernel l2-normalises q when the prologue left that to it
-    (pro.norm_q). `index64`: int64 indices (None: where a buffer needs them). `tma`: the walk reads its W, U and K
-    tiles through tensor descriptors where their rows allow it (tma_ok; the same numbers either way)."""
+    (pro.norm_q). `index64`: int64 indices (None: where a buffer needs them)."""
     tokens, H, K = pro.k.shape
     HV, V = v.shape[1], v.shape[2]
     N = plan.cu_seqlens.numel() - 1
@@ -167,14 +144,11 @@ def two_kernel(pro: Prologue, v: torch.Tensor, o: torch.Tensor, plan: ChunkPlan,
     i64 = wide_index(h, v_new, pro.w, pro.q, *states) if index64 is None else index64
     dummy = pro.g_cum
     fold = pro.k_scale is not None
-    tma = tma and tma_ok(pro.k, pro.w, pro.u)
-    if tma:
-        triton.set_allocator(_descriptor_memory)
     rq, rk = (pro.q_scale, pro.k_scale) if fold else (dummy, dummy)
     launch(fwd_h_kernel, (cdiv(V, BV), N * HV), pro.k, pro.u, pro.w, pro.g_cum, h, v_new,
            initial_state if initial_state is not None else dummy, ht if ht is not None else dummy,
            plan.cu_seqlens, plan.chunk_offsets, rk, H=H, HV=HV, K=K, V=V, BV=BV, HAS_H0=initial_state is not None,
-           STORE_HT=ht is not None, STATE_V_FIRST=state_v_first, BT=BT, I64=i64, FOLD=fold, TMA=tma, num_warps=num_warps,
+           STORE_HT=ht is not None, STATE_V_FIRST=state_v_first, BT=BT, I64=i64, FOLD=fold, num_warps=num_warps,
            device=dev,
            **({} if num_stages is None else dict(num_stages=num_stages)))
     if plan.n_chunks:
