@@ -40,7 +40,8 @@ def _triton(path: str, by_size: Callable[[int, int, int], dict[str, Any]] | None
     inside the prologue instead of two launches of its own). The two-kernel path also takes `norm_q_in_output` (q's
     l2-norm inside the output kernel: one launch and one pass over q fewer), `index64` (int64 indices in its
     kernels; default: only where a buffer has 2^31 elements or more) and `fold_norm` (q and k never rounded after
-    normalising: their inverse row norms scale every product in fp32; docs/speed-notes.md item 27).
+    normalising: their norms are folded into the gates in fp32; docs/speed-notes.md items 27 and 29) and `split_wu`
+    (W and U formed from T and the raw k and v rows with no operand rounded to bf16; item 29).
     `by_size(programs, walkers, sms)` gives defaults that depend on the call: programs = chunks x value heads (the
     prologue's grid), walkers = the state kernel's programs (sequences x value heads x V tiles), sms = the device's
     multiprocessors. Options passed to the call override both."""
@@ -68,8 +69,8 @@ def _triton(path: str, by_size: Callable[[int, int, int], dict[str, Any]] | None
             sized = by_size(x.plan.n_chunks * p.HV, walkers, multiprocessors(x.q.device))
         opts = {**defaults, **sized, **options}
         allowed = {"BV", "poison", "num_warps", "num_stages", "prologue_warps", "prologue_solve", "fuse_norm"} | (
-            {"downcast", "intra_vnew"} if path == "fused" else {"out_BV", "out_warps", "out_stages",
-                                                                 "norm_q_in_output", "index64", "fold_norm"})
+            {"downcast", "intra_vnew"} if path == "fused" else {"out_BV", "out_warps", "out_stages", "norm_q_in_output",
+                                                                 "index64", "fold_norm", "split_wu"})
         unknown = set(opts) - allowed
         if unknown:
             raise TypeError(f"options: {path} backend does not take {sorted(unknown)}; it takes {sorted(allowed)}")
@@ -88,7 +89,8 @@ def _triton(path: str, by_size: Callable[[int, int, int], dict[str, Any]] | None
                                 num_warps=int(opts.pop("prologue_warps", 4)),
                                 solve=opts.pop("prologue_solve", SOLVE),
                                 norm_q_in_output=bool(opts.pop("norm_q_in_output", False)),
-                                index64=opts.get("index64"), fold_norm=fold)
+                                index64=opts.get("index64"), fold_norm=fold,
+                                split_wu=bool(opts.pop("split_wu", False)))
         return pipeline.state_and_outputs(x, pro, path, output_final_state=output_final_state,
                                           state_v_first=p.state_v_first, BV=bv, poison=poison, **opts)
 

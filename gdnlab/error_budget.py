@@ -37,6 +37,10 @@ __all__ = ["ROUNDINGS", "emulate", "configurations", "budget", "savings", "large
 
 #: The bf16 rounding points of the two-kernel path, in the order the data meets them.
 ROUNDINGS = ("qk_norm", "wu", "state_for_w", "absorb", "v_new", "state_for_output", "scores", "output")
+#: Two more roundings inside the prologue, modelled only when asked for (budget's default sets leave them out):
+#: T = (I + A)^-1 rounded before W = T·(beta exp(G) K) and U = T·(beta V) (``solve``), and those two operands
+#: rounded (``wu_operands``).
+PROLOGUE_ROUNDINGS = ("solve", "wu_operands")
 
 
 def _bf16(x: torch.Tensor) -> torch.Tensor:
@@ -46,9 +50,10 @@ def _bf16(x: torch.Tensor) -> torch.Tensor:
 def emulate(inputs: GDNInputs, rounded: Collection[str] = ROUNDINGS, chunk: int = BT) -> torch.Tensor:
     """The output ``[T, HV, V]`` (float64) of one dense sequence (B = 1, no cu_seqlens) by the chunked form, with
     the rounding points in `rounded` (a subset of :data:`ROUNDINGS`) rounded to bf16."""
-    unknown = set(rounded) - set(ROUNDINGS)
+    unknown = set(rounded) - set(ROUNDINGS) - set(PROLOGUE_ROUNDINGS)
     if unknown:
-        raise ValueError(f"rounded: unknown rounding points {sorted(unknown)}; known: {', '.join(ROUNDINGS)}")
+        raise ValueError(f"rounded: unknown rounding points {sorted(unknown)}; known: "
+                         f"{', '.join(ROUNDINGS + PROLOGUE_ROUNDINGS)}")
     if inputs.q.shape[0] != 1 or inputs.cu_seqlens is not None:
         raise ValueError("inputs: emulate takes one dense sequence (B = 1, no cu_seqlens)")
 
@@ -78,8 +83,13 @@ def emulate(inputs: GDNInputs, rounded: Collection[str] = ROUNDINGS, chunk: int 
         decay = (G.unsqueeze(-1) - G.unsqueeze(-2)).masked_fill(~causal, float("-inf")).exp()
         A = (bc * (kc @ kc.transpose(-1, -2)) * decay).tril(-1)
         eG = G.exp().unsqueeze(-1)
-        WU = torch.linalg.solve_triangular(A, torch.cat([bc * eG * kc, bc * vc], -1),
-                                           upper=False, unitriangular=True)
+        operands = torch.cat([bc * eG * kc, bc * vc], -1)
+        if set(PROLOGUE_ROUNDINGS) & set(rounded):
+            eye = torch.eye(n, dtype=f64).expand_as(A)
+            inv = torch.linalg.solve_triangular(A, eye, upper=False, unitriangular=True)
+            WU = r("solve", inv) @ r("wu_operands", operands)
+        else:
+            WU = torch.linalg.solve_triangular(A, operands, upper=False, unitriangular=True)
         W, U = r("wu", WU[..., :K]), r("wu", WU[..., K:])
         v_new = U - W @ r("state_for_w", S)
         scores = r("scores", (qc @ kc.transpose(-1, -2)) * decay)

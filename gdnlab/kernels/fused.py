@@ -79,9 +79,9 @@ def fused_kernel(q_ptr, k_ptr, u_ptr, w_ptr, gcum_ptr, o_ptr, h0_ptr, ht_ptr, cu
         u_t = load_rows(uh, rows, mrow, HV * V, v0, BV, V)
         v_new = u_t.to(tl.float32) - vw
         if INTRA_VNEW:
-            out = chunk_output(o_acc, sc, g_cum, rows, mrow, v_new.to(tl.bfloat16), scale)
+            out = chunk_output(o_acc, sc, g_cum, g_cum, rows, mrow, v_new.to(tl.bfloat16), scale)
         else:
-            out = chunk_output(o_acc, sc, g_cum, rows, mrow, u_t, scale)
+            out = chunk_output(o_acc, sc, g_cum, g_cum, rows, mrow, u_t, scale)
         store_rows(o_ptr + i_hv * V, rows, mrow, HV * V, v0, out, BV, V)
         vg = gated_delta(v_new, g_cum, g_last, mrow)
         s0, s1, s2, s3 = absorb_all(s0, s1, s2, s3, kh, rows, mrow, H * K, vg, tl.exp(g_last), K, True)

@@ -31,17 +31,12 @@ def _l2_normalised(x):
 
 
 @triton.jit
-def l2norm_kernel(x_ptr, y_ptr, n_rows, D: tl.constexpr, BD: tl.constexpr, BR: tl.constexpr,
-                  INV: tl.constexpr = False):
-    """Row-wise l2 normalisation, computed in fp32, stored in y's dtype; with INV each row's inverse l2 norm
-    instead (fp32, one per row): the scale that folds the norm into products of the raw rows."""
+def l2norm_kernel(x_ptr, y_ptr, n_rows, D: tl.constexpr, BD: tl.constexpr, BR: tl.constexpr):
+    """Row-wise l2 normalisation, computed in fp32, stored in y's dtype."""
     rows = tl.program_id(0) * BR + tl.arange(0, BR)
     mrow = rows < n_rows
     x = load_rows(x_ptr, rows, mrow, D, 0, BD, D)
-    if INV:
-        tl.store(y_ptr + rows, 1.0 / l2_norm_of_rows(x.to(tl.float32)), mask=mrow)
-    else:
-        store_rows(y_ptr, rows, mrow, D, 0, _l2_normalised(x), BD, D)
+    store_rows(y_ptr, rows, mrow, D, 0, _l2_normalised(x), BD, D)
 
 
 @triton.jit
@@ -138,15 +133,31 @@ def _solve(a, BT: tl.constexpr, SOLVE: tl.constexpr):
 
 
 @triton.jit
+def _split_dot(a, b):
+    """a @ b for fp32 a and bf16 b, with a as the sum of two bf16 terms (its rounding and the remainder's): about
+    16 significant bits of a instead of 8, two tensor-core dots."""
+    hi = a.to(tl.bfloat16)
+    return tl.dot(hi, b) + tl.dot((a - hi.to(tl.float32)).to(tl.bfloat16), b)
+
+
+@triton.jit
 def prologue_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, qn_ptr, kn_ptr, gcum_ptr, w_ptr, u_ptr, cu_ptr, chunks_ptr,
-                    rk_ptr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, KP: tl.constexpr,
-                    VP: tl.constexpr, BT: tl.constexpr, NORM: tl.constexpr, SOLVE: tl.constexpr,
-                    I64: tl.constexpr = True, FOLD: tl.constexpr = False):
+                    gq_ptr, gk_ptr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                    KP: tl.constexpr, VP: tl.constexpr, BT: tl.constexpr, NORM: tl.constexpr, SOLVE: tl.constexpr,
+                    I64: tl.constexpr = True, FOLD: tl.constexpr = False, SPLIT: tl.constexpr = False):
     """One program per (chunk, value head): [q/k l2-norm,] cumsum, A, T = (I + A)^-1 and W/U for that chunk.
 
     A, W and U are whole-chunk tensor-core dots; the solve works on 16x16 blocks (see _solve), so no 64x64 fp32
-    product runs on the FMA units. With FOLD, k is raw and its rows' inverse l2 norms (rk_ptr, fp32 [tokens, H])
-    scale A's rows and columns and W's operand in fp32, so no normalised k is rounded.
+    product runs on the FMA units.
+
+    FOLD (the l2-norm folded into the gates): q and k stay raw and no normalised row is ever rounded. Every
+    product of the chunked form meets a row's norm through an exp of the cumulative gate, so the norms go there:
+    the kernel stores gq = G - log|q| and gk = G + log|k| (fp32 [tokens, HV], gq_ptr / gk_ptr) for the later
+    kernels, and uses G - log|k| for A's rows and W's operand and gk for A's columns.
+
+    SPLIT (W and U without rounded operands): W = T diag(beta exp(G)) K and U = T diag(beta) V are formed as the
+    fp32 T with the per-row factors scaled into its columns, split into two bf16 terms (_split_dot) and multiplied
+    into the k and v rows as loaded, so neither T nor beta exp(G) K nor beta V is rounded to bf16.
     """
     i_c, i_hv = tl.program_id(0), tl.program_id(1)
     i_n = tl.load(chunks_ptr + 2 * i_c)
@@ -165,28 +176,33 @@ def prologue_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, qn_ptr, kn_ptr, gcum_p
     if NORM:
         _keys(q_ptr + i_h * K, qn_ptr + i_h * K, rows, mrow, first, H * K, K, KP, NORM, True)
     kt = _keys(k_ptr + i_h * K, kn_ptr + i_h * K, rows, mrow, first, H * K, K, KP, NORM, True)
-
+    g_row, g_col = g_cum, g_cum  # the gates of A's rows (and W's operand) and of its columns
     if FOLD:
-        rk = tl.load(rk_ptr + rows * H + i_h, mask=mrow, other=0.0)
-        a = tl.dot((kt.to(tl.float32) * (beta * rk)[:, None]).to(kt.dtype), tl.trans(kt)) * rk[None, :]
-    else:
-        a = tl.dot((kt.to(tl.float32) * beta[:, None]).to(kt.dtype), tl.trans(kt))
+        log_k = tl.log(l2_norm_of_rows(kt.to(tl.float32)))
+        log_q = tl.log(l2_norm_of_rows(load_rows(q_ptr + i_h * K, rows, mrow, H * K, 0, KP, K).to(tl.float32)))
+        g_row, g_col = g_cum - log_k, g_cum + log_k
+        tl.store(gq_ptr + rows * HV + i_hv, g_cum - log_q, mask=mrow)
+        tl.store(gk_ptr + rows * HV + i_hv, g_col, mask=mrow)
+
+    a = tl.dot((kt.to(tl.float32) * beta[:, None]).to(kt.dtype), tl.trans(kt))
     strict = (r[:, None] > r[None, :]) & mrow[:, None] & mrow[None, :]
-    a = tl.where(strict, a * tl.exp(tl.where(strict, g_cum[:, None] - g_cum[None, :], 0.0)), 0.0)
-    t = _solve(a, BT, SOLVE).to(tl.bfloat16)
+    a = tl.where(strict, a * tl.exp(tl.where(strict, g_row[:, None] - g_col[None, :], 0.0)), 0.0)
+    t32 = _solve(a, BT, SOLVE)
 
     # k is loaded (and normalised) again rather than kept live across the solve: the form the H200 runs measured;
     # the Hopper build spills the same 848 B either way (docs/speed-notes.md).
     kt = _keys(k_ptr + i_h * K, kn_ptr + i_h * K, rows, mrow, first, H * K, K, KP, NORM, False)
-    if FOLD:  # rk loaded again rather than kept live across the solve, as k is
-        rk = tl.load(rk_ptr + rows * H + i_h, mask=mrow, other=0.0)
-        kb = (kt.to(tl.float32) * (beta * tl.exp(g_cum) * rk)[:, None]).to(tl.bfloat16)
-    else:
-        kb = (kt.to(tl.float32) * (beta * tl.exp(g_cum))[:, None]).to(tl.bfloat16)
-    store_rows(w_ptr + i_hv * K, rows, mrow, HV * K, 0, tl.dot(t, kb), KP, K)
     vt = load_rows(v_ptr + i_hv * V, rows, mrow, HV * V, 0, VP, V)
-    vb = (vt.to(tl.float32) * beta[:, None]).to(tl.bfloat16)
-    store_rows(u_ptr + i_hv * V, rows, mrow, HV * V, 0, tl.dot(t, vb), VP, V)
+    if SPLIT:
+        w = _split_dot(t32 * (beta * tl.exp(g_row))[None, :], kt)
+        u = _split_dot(t32 * beta[None, :], vt)
+    else:
+        kb = (kt.to(tl.float32) * (beta * tl.exp(g_row))[:, None]).to(tl.bfloat16)
+        vb = (vt.to(tl.float32) * beta[:, None]).to(tl.bfloat16)
+        t = t32.to(tl.bfloat16)
+        w, u = tl.dot(t, kb), tl.dot(t, vb)
+    store_rows(w_ptr + i_hv * K, rows, mrow, HV * K, 0, w, KP, K)
+    store_rows(u_ptr + i_hv * V, rows, mrow, HV * V, 0, u, VP, V)
 
 
 _PLANS: dict = {}
@@ -227,8 +243,8 @@ class ChunkPlan:
 
 @dataclass
 class Prologue:
-    """What the prologue hands to the state/output stage. q, k are l2-normalised when asked (or raw, with their
-    inverse norms in q_scale / k_scale, when the norm is folded into the products)."""
+    """What the prologue hands to the state/output stage. q, k are l2-normalised when asked (or raw, with the
+    norms folded into the gates g_q and g_k, when fold_norm asked for that)."""
 
     q: torch.Tensor
     k: torch.Tensor
@@ -236,8 +252,8 @@ class Prologue:
     w: torch.Tensor  # bf16 [tokens, HV, K]
     u: torch.Tensor  # bf16 [tokens, HV, V]
     norm_q: bool = False  # q is still to be l2-normalised, by the output kernel
-    q_scale: torch.Tensor | None = None  # fold_norm: q and k are raw, these are their rows' inverse l2 norms
-    k_scale: torch.Tensor | None = None  # (fp32 [tokens, H]), applied to the products in fp32
+    g_q: torch.Tensor | None = None  # fold_norm: q and k are raw; G - log|q| and G + log|k| per row and value
+    g_k: torch.Tensor | None = None  # head (fp32 [tokens, HV]), the gates of the output's and the state's products
 
 
 def wide_index(*tensors: torch.Tensor) -> bool:
@@ -250,34 +266,34 @@ def alloc(shape, dtype, device, poison: bool) -> torch.Tensor:
         shape, dtype=dtype, device=device)
 
 
-def l2norm(x: torch.Tensor, poison: bool = False, inverse: bool = False) -> torch.Tensor:
-    """Row-wise l2 normalisation of the last dim, in fp32, rounded to x's dtype; with `inverse`, each row's
-    inverse l2 norm instead (fp32, shaped like x without its last dim)."""
+def l2norm(x: torch.Tensor, poison: bool = False) -> torch.Tensor:
+    """Row-wise l2 normalisation of the last dim, in fp32, rounded to x's dtype."""
     d = x.shape[-1]
-    y = alloc(x.shape[:-1] if inverse else x.shape, torch.float32 if inverse else x.dtype, x.device, poison)
+    y = alloc(x.shape, x.dtype, x.device, poison)
     n = x.numel() // d
     br = 16
-    launch(l2norm_kernel, (cdiv(n, br),), x, y, n, D=d, BD=pow2(d), BR=br, **({"INV": True} if inverse else {}),
-           device=x.device)
+    launch(l2norm_kernel, (cdiv(n, br),), x, y, n, D=d, BD=pow2(d), BR=br, device=x.device)
     return y
 
 
 def run_prologue(q, k, v, g, beta, plan: ChunkPlan, use_qk_l2norm: bool, poison: bool = False,
                  fuse_norm: bool = False, num_warps: int = 4, solve: str = SOLVE,
-                 norm_q_in_output: bool = False, index64: bool | None = None, fold_norm: bool = False) -> Prologue:
+                 norm_q_in_output: bool = False, index64: bool | None = None, fold_norm: bool = False,
+                 split_wu: bool = False) -> Prologue:
     """Launch the shared prologue on flattened `[tokens, heads, D]` tensors. The q/k l2-norm runs as two launches
     of l2norm_kernel (as the two-kernel pipeline does) or, with `fuse_norm`, inside the prologue kernel; with
     `norm_q_in_output` only k's runs here and q's is left to the output kernel (Prologue.norm_q). With `fold_norm`
-    (two-kernel path only) q and k stay raw and two launches of l2norm_kernel give their rows' inverse norms,
-    which every later product applies in fp32. `index64`: int64 indices (None: where a buffer needs them)."""
+    (two-kernel path only) q and k stay raw and the prologue folds their rows' norms into the gates (its FOLD; no
+    l2-norm launch). `split_wu`: W and U from unrounded operands (its SPLIT). `index64`:
+    int64 indices (None: where a buffer needs them)."""
     tokens, H, K = k.shape
     HV, V = v.shape[1], v.shape[2]
     dev = k.device
     fold = use_qk_l2norm and fold_norm
     if fold and (fuse_norm or norm_q_in_output):
         raise ValueError("fold_norm: takes neither fuse_norm nor norm_q_in_output (the norm is folded, not applied)")
-    q_scale = l2norm(q, poison, inverse=True) if fold else None
-    k_scale = l2norm(k, poison, inverse=True) if fold else None
+    g_q = alloc((tokens, HV), torch.float32, dev, poison) if fold else None
+    g_k = alloc((tokens, HV), torch.float32, dev, poison) if fold else None
     norm_inside = use_qk_l2norm and fuse_norm
     norm_q = use_qk_l2norm and norm_q_in_output and not fuse_norm
     if use_qk_l2norm and not fuse_norm and not fold:
@@ -289,7 +305,8 @@ def run_prologue(q, k, v, g, beta, plan: ChunkPlan, use_qk_l2norm: bool, poison:
     u = alloc((tokens, HV, V), torch.bfloat16, dev, poison)
     if plan.n_chunks:
         launch(prologue_kernel, (plan.n_chunks, HV), q, k, v, g, beta, qn, kn, g_cum, w, u, plan.cu_seqlens,
-               plan.chunks, k_scale if fold else g_cum, H=H, HV=HV, K=K, V=V, KP=pow2(K), VP=pow2(V),
-               BT=BT, NORM=norm_inside, SOLVE=solve, num_warps=num_warps, device=dev,
-               I64=wide_index(q, v, w) if index64 is None else index64, FOLD=fold)
-    return Prologue(qn, kn, g_cum, w, u, norm_q, q_scale, k_scale)
+               plan.chunks, g_q if fold else g_cum, g_k if fold else g_cum, H=H, HV=HV, K=K, V=V, KP=pow2(K),
+               VP=pow2(V), BT=BT, NORM=norm_inside, SOLVE=solve, num_warps=num_warps, device=dev,
+               I64=wide_index(q, v, w) if index64 is None else index64, FOLD=fold,
+               SPLIT=split_wu)
+    return Prologue(qn, kn, g_cum, w, u, norm_q, g_q, g_k)

@@ -78,11 +78,13 @@ def inter_and_scores(q_ptr, k_ptr, rows, mrow, sqk, k0, h, K: tl.constexpr, q_no
 
 
 @triton.jit
-def chunk_output(o_inter, scores, g_cum, rows, mrow, operand, scale):
-    """O = scale * [(Q h) * exp(G) + (tril(Q K^T * exp(G_i - G_j))) operand]; operand is bf16 [BT, BV]."""
-    o_inter = o_inter * tl.exp(g_cum)[:, None]
+def chunk_output(o_inter, scores, g_row, g_col, rows, mrow, operand, scale):
+    """O = scale * [(Q h) * exp(G) + (tril(Q K^T * exp(G_i - G_j))) operand]; operand is bf16 [BT, BV]. The gates
+    of the rows (g_row: Q h and the scores' rows) and of the scores' columns (g_col) are both G but where a
+    kernel folds the q and k norms into them (fwd_o_kernel's FOLD)."""
+    o_inter = o_inter * tl.exp(g_row)[:, None]
     causal = (rows[:, None] >= rows[None, :]) & mrow[:, None] & mrow[None, :]
-    gdiff = tl.where(causal, g_cum[:, None] - g_cum[None, :], 0.0)
+    gdiff = tl.where(causal, g_row[:, None] - g_col[None, :], 0.0)
     scores = tl.where(causal, scores * tl.exp(gdiff), 0.0)
     return o_inter * scale + tl.dot(scores.to(operand.dtype), operand) * scale
 

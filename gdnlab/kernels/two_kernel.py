@@ -14,12 +14,13 @@ from gdnlab.kernels.tiles import (absorb_all, as_index, gated_delta, chunk_outpu
 
 
 @triton.jit
-def fwd_h_kernel(k_ptr, u_ptr, w_ptr, gcum_ptr, h_ptr, vnew_ptr, h0_ptr, ht_ptr, cu_ptr, choff_ptr, rk_ptr,
+def fwd_h_kernel(k_ptr, u_ptr, w_ptr, gcum_ptr, h_ptr, vnew_ptr, h0_ptr, ht_ptr, cu_ptr, choff_ptr, gk_ptr,
                  H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
                  HAS_H0: tl.constexpr, STORE_HT: tl.constexpr, STATE_V_FIRST: tl.constexpr, BT: tl.constexpr,
                  I64: tl.constexpr = True, FOLD: tl.constexpr = False):
     """One program per (V tile, sequence, value head): carry the fp32 state, store bf16 h and V_new per chunk.
-    With FOLD, k is raw and the absorbed term's rows carry its inverse l2 norms (rk_ptr, fp32 [tokens, H])."""
+    With FOLD, k is raw and the absorbed term's gates are gk = G + log|k| (gk_ptr, fp32 [tokens, HV]), so its rows
+    carry k's inverse norms."""
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_hv = i_nh // HV, i_nh % HV
     i_h = i_hv // (HV // H)
@@ -45,7 +46,10 @@ def fwd_h_kernel(k_ptr, u_ptr, w_ptr, gcum_ptr, h_ptr, vnew_ptr, h0_ptr, ht_ptr,
     for c in range(0, tl.cdiv(eos - bos, BT)):
         rows = bos + c * BT + r
         mrow = rows < eos
-        g_cum = tl.load(gcum_ptr + rows * HV + i_hv, mask=mrow, other=0.0)
+        if FOLD:
+            g_cum = tl.load(gk_ptr + rows * HV + i_hv, mask=mrow, other=0.0)
+        else:
+            g_cum = tl.load(gcum_ptr + rows * HV + i_hv, mask=mrow, other=0.0)
         g_last = tl.load(gcum_ptr + (tl.minimum(bos + c * BT + BT, eos) - 1) * HV + i_hv)
         hb = h_ptr + ((c0 + c) * HV + i_hv) * K * V
         store_state(hb, 0, v0, s0, K, V, BV, False)
@@ -61,11 +65,7 @@ def fwd_h_kernel(k_ptr, u_ptr, w_ptr, gcum_ptr, h_ptr, vnew_ptr, h0_ptr, ht_ptr,
             vw = vw + w_times_h(wh, rows, mrow, HV * K, 192, s3.to(tl.bfloat16), K)
         v_new = load_rows(uh, rows, mrow, HV * V, v0, BV, V).to(tl.float32) - vw
         store_rows(vh, rows, mrow, HV * V, v0, v_new, BV, V)
-        if FOLD:
-            vg = gated_delta(v_new * tl.load(rk_ptr + rows * H + i_h, mask=mrow, other=0.0)[:, None], g_cum,
-                             g_last, mrow)
-        else:
-            vg = gated_delta(v_new, g_cum, g_last, mrow)
+        vg = gated_delta(v_new, g_cum, g_last, mrow)
         s0, s1, s2, s3 = absorb_all(s0, s1, s2, s3, kh, rows, mrow, H * K, vg, tl.exp(g_last), K, False)
     if STORE_HT:
         sb = ht_ptr + (as_index(i_n, I64) * HV + i_hv) * K * V
@@ -79,13 +79,14 @@ def fwd_h_kernel(k_ptr, u_ptr, w_ptr, gcum_ptr, h_ptr, vnew_ptr, h0_ptr, ht_ptr,
 
 
 @triton.jit
-def fwd_o_kernel(q_ptr, k_ptr, vnew_ptr, gcum_ptr, h_ptr, o_ptr, cu_ptr, chunks_ptr, scale, rq_ptr, rk_ptr,
+def fwd_o_kernel(q_ptr, k_ptr, vnew_ptr, gcum_ptr, h_ptr, o_ptr, cu_ptr, chunks_ptr, scale, gq_ptr, gk_ptr,
                  H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
                  BT: tl.constexpr, NORM_Q: tl.constexpr = False, KP: tl.constexpr = 64, I64: tl.constexpr = True,
                  FOLD: tl.constexpr = False):
     """One program per (V tile, chunk, value head): the chunk's output from its bf16 h and bf16 V_new. With NORM_Q
-    it l2-normalises its q rows itself (KP: K padded to a power of two); with FOLD q and k are raw and Q.h and
-    Q.K^T are scaled by their rows' inverse l2 norms (rq_ptr, rk_ptr: fp32 [tokens, H]) in fp32."""
+    it l2-normalises its q rows itself (KP: K padded to a power of two); with FOLD q and k are raw and the gates
+    of Q.h's rows and Q.K^T's rows and columns are gq = G - log|q| and gk = G + log|k| (gq_ptr, gk_ptr: fp32
+    [tokens, HV]), which divide the products by the norms in fp32."""
     i_v, i_c, i_hv = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_n = tl.load(chunks_ptr + 2 * i_c)
     i_t = tl.load(chunks_ptr + 2 * i_c + 1)
@@ -97,7 +98,12 @@ def fwd_o_kernel(q_ptr, k_ptr, vnew_ptr, gcum_ptr, h_ptr, o_ptr, cu_ptr, chunks_
     mrow = rows < eos
     qh, kh = q_ptr + i_h * K, k_ptr + i_h * K
     hb = h_ptr + (as_index(i_c, I64) * HV + i_hv) * K * V
-    g_cum = tl.load(gcum_ptr + rows * HV + i_hv, mask=mrow, other=0.0)
+    if FOLD:
+        g_row = tl.load(gq_ptr + rows * HV + i_hv, mask=mrow, other=0.0)
+        g_col = tl.load(gk_ptr + rows * HV + i_hv, mask=mrow, other=0.0)
+    else:
+        g_row = tl.load(gcum_ptr + rows * HV + i_hv, mask=mrow, other=0.0)
+        g_col = g_row
     qn = tl.full([BT], 1.0, tl.float32)
     if NORM_Q:
         qn = l2_norm_of_rows(load_rows(qh, rows, mrow, H * K, 0, KP, K).to(tl.float32))
@@ -115,12 +121,8 @@ def fwd_o_kernel(q_ptr, k_ptr, vnew_ptr, gcum_ptr, h_ptr, o_ptr, cu_ptr, chunks_
         oi, si = inter_and_scores(qh, kh, rows, mrow, H * K, 192, load_state(hb, 192, v0, K, V, BV, False).to(
             tl.bfloat16), K, qn, NORM_Q)
         o_acc, sc = o_acc + oi, sc + si
-    if FOLD:
-        rq = tl.load(rq_ptr + rows * H + i_h, mask=mrow, other=0.0)
-        rk = tl.load(rk_ptr + rows * H + i_h, mask=mrow, other=0.0)
-        o_acc, sc = o_acc * rq[:, None], sc * rq[:, None] * rk[None, :]
     v_new = load_rows(vnew_ptr + i_hv * V, rows, mrow, HV * V, v0, BV, V)
-    out = chunk_output(o_acc, sc, g_cum, rows, mrow, v_new, scale)
+    out = chunk_output(o_acc, sc, g_row, g_col, rows, mrow, v_new, scale)
     store_rows(o_ptr + i_hv * V, rows, mrow, HV * V, v0, out, BV, V)
 
 
@@ -143,16 +145,16 @@ def two_kernel(pro: Prologue, v: torch.Tensor, o: torch.Tensor, plan: ChunkPlan,
     states = [x for x in (initial_state, ht) if x is not None]
     i64 = wide_index(h, v_new, pro.w, pro.q, *states) if index64 is None else index64
     dummy = pro.g_cum
-    fold = pro.k_scale is not None
-    rq, rk = (pro.q_scale, pro.k_scale) if fold else (dummy, dummy)
+    fold = pro.g_k is not None
+    gq, gk = (pro.g_q, pro.g_k) if fold else (dummy, dummy)
     launch(fwd_h_kernel, (cdiv(V, BV), N * HV), pro.k, pro.u, pro.w, pro.g_cum, h, v_new,
            initial_state if initial_state is not None else dummy, ht if ht is not None else dummy,
-           plan.cu_seqlens, plan.chunk_offsets, rk, H=H, HV=HV, K=K, V=V, BV=BV, HAS_H0=initial_state is not None,
+           plan.cu_seqlens, plan.chunk_offsets, gk, H=H, HV=HV, K=K, V=V, BV=BV, HAS_H0=initial_state is not None,
            STORE_HT=ht is not None, STATE_V_FIRST=state_v_first, BT=BT, I64=i64, FOLD=fold, num_warps=num_warps,
            device=dev,
            **({} if num_stages is None else dict(num_stages=num_stages)))
     if plan.n_chunks:
         launch(fwd_o_kernel, (cdiv(V, out_BV), plan.n_chunks, HV), pro.q, pro.k, v_new, pro.g_cum, h, o,
-               plan.cu_seqlens, plan.chunks, scale, rq, rk, H=H, HV=HV, K=K, V=V, BV=out_BV, BT=BT,
+               plan.cu_seqlens, plan.chunks, scale, gq, gk, H=H, HV=HV, K=K, V=V, BV=out_BV, BT=BT,
                NORM_Q=pro.norm_q, I64=i64, KP=pow2(K), FOLD=fold, num_warps=out_warps, device=dev,
                **({} if out_stages is None else dict(num_stages=out_stages)))
