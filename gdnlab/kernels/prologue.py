@@ -40,6 +40,22 @@ def l2norm_kernel(x_ptr, y_ptr, n_rows, D: tl.constexpr, BD: tl.constexpr, BR: t
 
 
 @triton.jit
+def log_norm_kernel(q_ptr, k_ptr, y_ptr, n_rows, D: tl.constexpr, BD: tl.constexpr, BR: tl.constexpr):
+    """log of the l2 norm of every row of q (the first half of the programs) and of k (the second), fp32, into y
+    ([2, n_rows]): what fold_norm folds into the gates, for both tensors in one launch. (Computed inside the
+    prologue instead, the q tile and the reductions made its Hopper build spill far more: docs/speed-notes.md.)"""
+    blocks = tl.cdiv(n_rows, BR)
+    which = tl.program_id(0) // blocks
+    rows = (tl.program_id(0) % blocks) * BR + tl.arange(0, BR)
+    mrow = rows < n_rows
+    if which == 0:
+        x = load_rows(q_ptr, rows, mrow, D, 0, BD, D)
+    else:
+        x = load_rows(k_ptr, rows, mrow, D, 0, BD, D)
+    tl.store(y_ptr + which * n_rows + rows, tl.log(l2_norm_of_rows(x.to(tl.float32))), mask=mrow)
+
+
+@triton.jit
 def _keys(src_ptr, dst_ptr, rows, mrow, first, stride, D: tl.constexpr, DP: tl.constexpr, NORM: tl.constexpr,
           STORE: tl.constexpr):
     """A [BT, DP] tile of q or k. With NORM it is l2-normalised in fp32 and rounded to the input dtype, exactly as
@@ -142,7 +158,7 @@ def _split_dot(a, b):
 
 @triton.jit
 def prologue_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, qn_ptr, kn_ptr, gcum_ptr, w_ptr, u_ptr, cu_ptr, chunks_ptr,
-                    gq_ptr, gk_ptr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                    gq_ptr, gk_ptr, lq_ptr, lk_ptr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                     KP: tl.constexpr, VP: tl.constexpr, BT: tl.constexpr, NORM: tl.constexpr, SOLVE: tl.constexpr,
                     I64: tl.constexpr = True, FOLD: tl.constexpr = False, SPLIT: tl.constexpr = False):
     """One program per (chunk, value head): [q/k l2-norm,] cumsum, A, T = (I + A)^-1 and W/U for that chunk.
@@ -152,8 +168,9 @@ def prologue_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, qn_ptr, kn_ptr, gcum_p
 
     FOLD (the l2-norm folded into the gates): q and k stay raw and no normalised row is ever rounded. Every
     product of the chunked form meets a row's norm through an exp of the cumulative gate, so the norms go there:
-    the kernel stores gq = G - log|q| and gk = G + log|k| (fp32 [tokens, HV], gq_ptr / gk_ptr) for the later
-    kernels, and uses G - log|k| for A's rows and W's operand and gk for A's columns.
+    from the rows' log-norms (lq_ptr / lk_ptr, fp32 [tokens, H], log_norm_kernel) the kernel stores
+    gq = G - log|q| and gk = G + log|k| (fp32 [tokens, HV], gq_ptr / gk_ptr) for the later kernels, and uses
+    G - log|k| for A's rows and W's operand and gk for A's columns.
 
     SPLIT (W and U without rounded operands): W = T diag(beta exp(G)) K and U = T diag(beta) V are formed as the
     fp32 T with the per-row factors scaled into its columns, split into two bf16 terms (_split_dot) and multiplied
@@ -178,30 +195,30 @@ def prologue_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, qn_ptr, kn_ptr, gcum_p
     kt = _keys(k_ptr + i_h * K, kn_ptr + i_h * K, rows, mrow, first, H * K, K, KP, NORM, True)
     g_row, g_col = g_cum, g_cum  # the gates of A's rows (and W's operand) and of its columns
     if FOLD:
-        log_k = tl.log(l2_norm_of_rows(kt.to(tl.float32)))
-        log_q = tl.log(l2_norm_of_rows(load_rows(q_ptr + i_h * K, rows, mrow, H * K, 0, KP, K).to(tl.float32)))
+        log_k = tl.load(lk_ptr + rows * H + i_h, mask=mrow, other=0.0)
         g_row, g_col = g_cum - log_k, g_cum + log_k
-        tl.store(gq_ptr + rows * HV + i_hv, g_cum - log_q, mask=mrow)
+        tl.store(gq_ptr + rows * HV + i_hv, g_cum - tl.load(lq_ptr + rows * H + i_h, mask=mrow, other=0.0), mask=mrow)
         tl.store(gk_ptr + rows * HV + i_hv, g_col, mask=mrow)
 
     a = tl.dot((kt.to(tl.float32) * beta[:, None]).to(kt.dtype), tl.trans(kt))
     strict = (r[:, None] > r[None, :]) & mrow[:, None] & mrow[None, :]
     a = tl.where(strict, a * tl.exp(tl.where(strict, g_row[:, None] - g_col[None, :], 0.0)), 0.0)
     t32 = _solve(a, BT, SOLVE)
+    t = t32.to(tl.bfloat16)  # (without SPLIT t32 dies here: the order the H200 runs measured)
 
     # k is loaded (and normalised) again rather than kept live across the solve: the form the H200 runs measured;
     # the Hopper build spills the same 848 B either way (docs/speed-notes.md).
     kt = _keys(k_ptr + i_h * K, kn_ptr + i_h * K, rows, mrow, first, H * K, K, KP, NORM, False)
-    vt = load_rows(v_ptr + i_hv * V, rows, mrow, HV * V, 0, VP, V)
     if SPLIT:
         w = _split_dot(t32 * (beta * tl.exp(g_row))[None, :], kt)
+    else:
+        w = tl.dot(t, (kt.to(tl.float32) * (beta * tl.exp(g_row))[:, None]).to(tl.bfloat16))
+    store_rows(w_ptr + i_hv * K, rows, mrow, HV * K, 0, w, KP, K)
+    vt = load_rows(v_ptr + i_hv * V, rows, mrow, HV * V, 0, VP, V)
+    if SPLIT:
         u = _split_dot(t32 * beta[None, :], vt)
     else:
-        kb = (kt.to(tl.float32) * (beta * tl.exp(g_row))[:, None]).to(tl.bfloat16)
-        vb = (vt.to(tl.float32) * beta[:, None]).to(tl.bfloat16)
-        t = t32.to(tl.bfloat16)
-        w, u = tl.dot(t, kb), tl.dot(t, vb)
-    store_rows(w_ptr + i_hv * K, rows, mrow, HV * K, 0, w, KP, K)
+        u = tl.dot(t, (vt.to(tl.float32) * beta[:, None]).to(tl.bfloat16))
     store_rows(u_ptr + i_hv * V, rows, mrow, HV * V, 0, u, VP, V)
 
 
@@ -276,6 +293,16 @@ def l2norm(x: torch.Tensor, poison: bool = False) -> torch.Tensor:
     return y
 
 
+def log_norm(q: torch.Tensor, k: torch.Tensor, poison: bool = False) -> torch.Tensor:
+    """log of the l2 norm of every row of q and of k (``[tokens, H, K]`` each), fp32 ``[2, tokens, H]``, in one
+    launch of log_norm_kernel."""
+    d, n = k.shape[-1], k.numel() // k.shape[-1]
+    y = alloc((2, *k.shape[:-1]), torch.float32, k.device, poison)
+    br = 16
+    launch(log_norm_kernel, (2 * cdiv(n, br),), q, k, y, n, D=d, BD=pow2(d), BR=br, device=k.device)
+    return y
+
+
 def run_prologue(q, k, v, g, beta, plan: ChunkPlan, use_qk_l2norm: bool, poison: bool = False,
                  fuse_norm: bool = False, num_warps: int = 4, solve: str = SOLVE,
                  norm_q_in_output: bool = False, index64: bool | None = None, fold_norm: bool = False,
@@ -283,8 +310,8 @@ def run_prologue(q, k, v, g, beta, plan: ChunkPlan, use_qk_l2norm: bool, poison:
     """Launch the shared prologue on flattened `[tokens, heads, D]` tensors. The q/k l2-norm runs as two launches
     of l2norm_kernel (as the two-kernel pipeline does) or, with `fuse_norm`, inside the prologue kernel; with
     `norm_q_in_output` only k's runs here and q's is left to the output kernel (Prologue.norm_q). With `fold_norm`
-    (two-kernel path only) q and k stay raw and the prologue folds their rows' norms into the gates (its FOLD; no
-    l2-norm launch). `split_wu`: W and U from unrounded operands (its SPLIT). `index64`:
+    (two-kernel path only) q and k stay raw and the prologue folds their rows' log-norms (one launch of
+    log_norm_kernel) into the gates (its FOLD). `split_wu`: W and U from unrounded operands (its SPLIT). `index64`:
     int64 indices (None: where a buffer needs them)."""
     tokens, H, K = k.shape
     HV, V = v.shape[1], v.shape[2]
@@ -294,6 +321,7 @@ def run_prologue(q, k, v, g, beta, plan: ChunkPlan, use_qk_l2norm: bool, poison:
         raise ValueError("fold_norm: takes neither fuse_norm nor norm_q_in_output (the norm is folded, not applied)")
     g_q = alloc((tokens, HV), torch.float32, dev, poison) if fold else None
     g_k = alloc((tokens, HV), torch.float32, dev, poison) if fold else None
+    log_norms = log_norm(q, k, poison) if fold else None
     norm_inside = use_qk_l2norm and fuse_norm
     norm_q = use_qk_l2norm and norm_q_in_output and not fuse_norm
     if use_qk_l2norm and not fuse_norm and not fold:
@@ -305,7 +333,8 @@ def run_prologue(q, k, v, g, beta, plan: ChunkPlan, use_qk_l2norm: bool, poison:
     u = alloc((tokens, HV, V), torch.bfloat16, dev, poison)
     if plan.n_chunks:
         launch(prologue_kernel, (plan.n_chunks, HV), q, k, v, g, beta, qn, kn, g_cum, w, u, plan.cu_seqlens,
-               plan.chunks, g_q if fold else g_cum, g_k if fold else g_cum, H=H, HV=HV, K=K, V=V, KP=pow2(K),
+               plan.chunks, g_q if fold else g_cum, g_k if fold else g_cum, log_norms[0] if fold else g_cum,
+               log_norms[1] if fold else g_cum, H=H, HV=HV, K=K, V=V, KP=pow2(K),
                VP=pow2(V), BT=BT, NORM=norm_inside, SOLVE=solve, num_warps=num_warps, device=dev,
                I64=wide_index(q, v, w) if index64 is None else index64, FOLD=fold,
                SPLIT=split_wu)
