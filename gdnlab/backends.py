@@ -104,10 +104,12 @@ register_backend("two_kernel", _triton("two_kernel"))
 register_backend("fused_shipped", _triton("fused", **SHIPPED))
 register_backend("fused_fixed", _triton("fused", **FIXED))
 #: "fast": the fastest config of each stage that is bit-equal to the default on the H200
-#: (data/h200/2026-12-02T2021-stages/stages.csv; docs/speed-notes.md item 10): the state kernel at BV = 32 (128 programs for 132 SMs), the output kernel at
-#: BV = 128 (one program per chunk and head, Q.K^T computed once); the prologue's warps and where q is normalised
-#: follow the call's size (fast_by_size).
-FAST = dict(BV=32, num_warps=4, out_BV=128, out_warps=4)
+#: (data/h200/2026-12-02T2021-stages/stages.csv; docs/speed-notes.md item 10): the state kernel at BV = 32 (128
+#: programs for 132 SMs), the output kernel at BV = 128 (one program per chunk and head, Q.K^T computed once); the
+#: prologue's warps and where q is normalised follow the call's size (fast_by_size). The l2-norm is folded into the
+#: gates (fold_norm), by item 27's rule: as accurate as the most accurate peer at 1024 chunks and no slower than 3%
+#: at any bench shape (item 29, data/h200/2026-12-04T1710-check).
+FAST = dict(BV=32, num_warps=4, out_BV=128, out_warps=4, fold_norm=True)
 
 
 def fast_by_size(programs: int, walkers: int, sms: int) -> dict[str, Any]:

@@ -50,14 +50,20 @@ def test_register_backend_refuses_bad_registrations():
 
 def test_fast_configuration_is_bit_equal_on_cpu():
     """fast's kernel configs (state kernel BV 32, output kernel BV 128, and at this size 4 prologue warps and q
-    normalised in the output kernel) change tiling and launches, not numbers: bit-equal to two_kernel's defaults
-    under the interpreter, every element written."""
+    normalised in the output kernel) change tiling and launches, not numbers: with its l2-norm folded or not,
+    bit-equal to two_kernel with the same fold_norm under the interpreter, every element written; and the fold
+    changes the numbers."""
     kw = make_inputs(B=1, T=150, H=2, HV=4, K=128, V=128, seed=3, decay=0.1).kwargs()
-    assert kw["output_final_state"]
-    o, h = gdnlab.chunk_gated_delta_rule(**kw, backend="two_kernel")
-    of, hf = gdnlab.chunk_gated_delta_rule(**kw, backend="fast", poison=True)
-    assert not of.isnan().any()
-    assert torch.equal(o, of) and torch.equal(h, hf)
+    assert kw["output_final_state"] and kw["use_qk_l2norm_in_kernel"]
+    outs = {}
+    for fold in (False, True):
+        o, h = gdnlab.chunk_gated_delta_rule(**kw, backend="two_kernel", fold_norm=fold)
+        of, hf = gdnlab.chunk_gated_delta_rule(**kw, backend="fast", poison=True,
+                                               **({} if fold else dict(fold_norm=False)))
+        assert not of.isnan().any()
+        assert torch.equal(o, of) and torch.equal(h, hf), fold
+        outs[fold] = of
+    assert not torch.equal(outs[False], outs[True])
 
 
 def test_q_norm_in_output_kernel_is_bit_equal_on_cpu():
@@ -94,10 +100,12 @@ def test_fast_passes_its_size_rule_to_the_kernels(monkeypatch):
     monkeypatch.setattr(kernels, "two_kernel", lambda *a, **kw: walks.append(kw) or real_walk(*a, **kw))
     kw = make_inputs(B=1, T=70, H=1, HV=2, K=32, V=32, seed=7).kwargs()
     gdnlab.chunk_gated_delta_rule(**kw, backend="fast")
-    gdnlab.chunk_gated_delta_rule(**kw, backend="fast", prologue_warps=2, norm_q_in_output=False, num_stages=3)
-    assert (seen[0]["num_warps"], seen[0]["norm_q_in_output"]) == (4, True)
-    assert (seen[1]["num_warps"], seen[1]["norm_q_in_output"]) == (2, False)
-    assert (walks[0]["num_stages"], walks[0]["out_stages"], walks[1]["num_stages"]) == (4, 3, 3)
+    gdnlab.chunk_gated_delta_rule(**kw, backend="fast", fold_norm=False)
+    gdnlab.chunk_gated_delta_rule(**kw, backend="fast", prologue_warps=2, norm_q_in_output=False, num_stages=3,
+                                  fold_norm=False)
+    got = [(s["num_warps"], s["norm_q_in_output"], s["fold_norm"]) for s in seen]
+    assert got == [(4, False, True), (4, True, False), (2, False, False)]  # a folded norm is placed nowhere
+    assert (walks[0]["num_stages"], walks[0]["out_stages"], walks[2]["num_stages"]) == (4, 3, 3)
 
 
 def test_fused_path_does_not_take_the_two_kernel_options():

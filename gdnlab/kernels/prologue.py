@@ -40,19 +40,19 @@ def l2norm_kernel(x_ptr, y_ptr, n_rows, D: tl.constexpr, BD: tl.constexpr, BR: t
 
 
 @triton.jit
-def log_norm_kernel(q_ptr, k_ptr, y_ptr, n_rows, D: tl.constexpr, BD: tl.constexpr, BR: tl.constexpr):
-    """log of the l2 norm of every row of q (the first half of the programs) and of k (the second), fp32, into y
-    ([2, n_rows]): what fold_norm folds into the gates, for both tensors in one launch. (Computed inside the
-    prologue instead, the q tile and the reductions made its Hopper build spill far more: docs/speed-notes.md.)"""
+def log_norm_kernel(q_ptr, k_ptr, lq_ptr, lk_ptr, n_rows, D: tl.constexpr, BD: tl.constexpr, BR: tl.constexpr):
+    """log of the l2 norm of every row of q (the first half of the programs, into lq) and of k (the second, into
+    lk), fp32: what fold_norm folds into the gates, for both tensors in one launch. (Computed inside the prologue
+    instead, the q tile and the reductions cost it 2.2x: docs/speed-notes.md item 29.)"""
     blocks = tl.cdiv(n_rows, BR)
-    which = tl.program_id(0) // blocks
     rows = (tl.program_id(0) % blocks) * BR + tl.arange(0, BR)
     mrow = rows < n_rows
-    if which == 0:
-        x = load_rows(q_ptr, rows, mrow, D, 0, BD, D)
+    if tl.program_id(0) < blocks:
+        tl.store(lq_ptr + rows, tl.log(l2_norm_of_rows(load_rows(q_ptr, rows, mrow, D, 0, BD, D).to(tl.float32))),
+                 mask=mrow)
     else:
-        x = load_rows(k_ptr, rows, mrow, D, 0, BD, D)
-    tl.store(y_ptr + which * n_rows + rows, tl.log(l2_norm_of_rows(x.to(tl.float32))), mask=mrow)
+        tl.store(lk_ptr + rows, tl.log(l2_norm_of_rows(load_rows(k_ptr, rows, mrow, D, 0, BD, D).to(tl.float32))),
+                 mask=mrow)
 
 
 @triton.jit
@@ -293,14 +293,14 @@ def l2norm(x: torch.Tensor, poison: bool = False) -> torch.Tensor:
     return y
 
 
-def log_norm(q: torch.Tensor, k: torch.Tensor, poison: bool = False) -> torch.Tensor:
-    """log of the l2 norm of every row of q and of k (``[tokens, H, K]`` each), fp32 ``[2, tokens, H]``, in one
+def log_norm(q: torch.Tensor, k: torch.Tensor, poison: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """log of the l2 norm of every row of q and of k (``[tokens, H, K]`` each), fp32 ``[tokens, H]`` each, in one
     launch of log_norm_kernel."""
     d, n = k.shape[-1], k.numel() // k.shape[-1]
-    y = alloc((2, *k.shape[:-1]), torch.float32, k.device, poison)
+    lq, lk = (alloc(k.shape[:-1], torch.float32, k.device, poison) for _ in range(2))
     br = 16
-    launch(log_norm_kernel, (2 * cdiv(n, br),), q, k, y, n, D=d, BD=pow2(d), BR=br, device=k.device)
-    return y
+    launch(log_norm_kernel, (2 * cdiv(n, br),), q, k, lq, lk, n, D=d, BD=pow2(d), BR=br, device=k.device)
+    return lq, lk
 
 
 def run_prologue(q, k, v, g, beta, plan: ChunkPlan, use_qk_l2norm: bool, poison: bool = False,
