@@ -12,7 +12,8 @@ that way (FLA copies cu_seqlens to the host, so a captured ragged call cannot go
 lab's fast, which takes every call.
 
 fast itself runs eager calls below :data:`EAGER_FUSE_NORM` tokens with the q/k l2-norm inside its prologue (one
-launch fewer, bit-equal; docs/speed-notes.md items 15 and 19).
+launch fewer; docs/speed-notes.md items 15 and 19), the configuration the rule timed: an explicit norm placement
+turns fast's default fold_norm off (item 29), so these calls round the normalised q and k as fast did before.
 """
 from __future__ import annotations
 

@@ -83,7 +83,10 @@ def _triton(path: str, by_size: Callable[[int, int, int], dict[str, Any]] | None
             raise ValueError(f"out_BV: must be one of {', '.join(map(str, OUT_BVS))}, got {opts['out_BV']!r}")
         poison = bool(opts.pop("poison", False))
         fold = bool(opts.pop("fold_norm", False))
-        if fold:  # the size rule's norm placement gives way; one asked for explicitly is refused by the prologue
+        placed = options.get("fuse_norm") or options.get("norm_q_in_output")
+        if fold and placed and "fold_norm" not in options:
+            fold = False  # a norm placement asked for explicitly overrides the default fold (auto's fuse_norm)
+        if fold:  # the size rule's norm placement gives way; both asked for explicitly are refused by the prologue
             opts["norm_q_in_output"] = bool(options.get("norm_q_in_output", False))
         pro = pipeline.prologue(x, use_qk_l2norm_in_kernel, poison, fuse_norm=bool(opts.pop("fuse_norm", False)),
                                 num_warps=int(opts.pop("prologue_warps", 4)),

@@ -105,6 +105,10 @@ def test_fast_passes_its_size_rule_to_the_kernels(monkeypatch):
                                   fold_norm=False)
     got = [(s["num_warps"], s["norm_q_in_output"], s["fold_norm"]) for s in seen]
     assert got == [(4, False, True), (4, True, False), (2, False, False)]  # a folded norm is placed nowhere
+    gdnlab.chunk_gated_delta_rule(**kw, backend="fast", fuse_norm=True)  # an explicit placement turns the fold off
+    assert (seen[3]["fuse_norm"], seen[3]["fold_norm"]) == (True, False)
+    with pytest.raises(ValueError, match="fold_norm"):  # both asked for: refused
+        gdnlab.chunk_gated_delta_rule(**kw, backend="fast", fuse_norm=True, fold_norm=True)
     assert (walks[0]["num_stages"], walks[0]["out_stages"], walks[2]["num_stages"]) == (4, 3, 3)
 
 
