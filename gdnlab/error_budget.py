@@ -32,8 +32,8 @@ from gdnlab.inputs import GDNInputs
 from gdnlab.kernel_params import BT
 from gdnlab.reference import chunk_gated_delta_rule_ref, l2norm, recurrent_gated_delta_rule_ref
 
-__all__ = ["ROUNDINGS", "emulate", "configurations", "budget", "savings", "largest_saving", "state_in_fp32",
-           "against_device", "EXACT_TOL", "exact_without_roundings"]
+__all__ = ["ROUNDINGS", "PROLOGUE_ROUNDINGS", "emulate", "configurations", "built_configurations", "budget", "savings", "largest_saving", "state_in_fp32",
+           "against_device", "built_against_device", "EXACT_TOL", "exact_without_roundings"]
 
 #: The bf16 rounding points of the two-kernel path, in the order the data meets them.
 ROUNDINGS = ("qk_norm", "wu", "state_for_w", "absorb", "v_new", "state_for_output", "scores", "output")
@@ -110,6 +110,15 @@ def configurations(include_none: bool = False) -> dict[str, frozenset[str]]:
     out.update({f"all but {x}": frozenset(ROUNDINGS) - {x} for x in ROUNDINGS})
     out["only output"] = frozenset({"output"})
     return out
+
+
+def built_configurations() -> dict[str, frozenset[str]]:
+    """The lab's built configurations as rounding sets, the prologue's two inner roundings modelled too: the
+    two-kernel path as it rounds, fold_norm (no normalised q or k rounded; docs/speed-notes.md items 27 and 29) and
+    fold_norm with split_wu (nor T, nor W's and U's operands)."""
+    every = frozenset(ROUNDINGS + PROLOGUE_ROUNDINGS)
+    return {"two_kernel": every, "fold_norm": every - {"qk_norm"},
+            "fold_norm + split_wu": every - {"qk_norm", *PROLOGUE_ROUNDINGS}}
 
 
 def budget(inputs: GDNInputs, lengths: Iterable[int], configs: dict[str, frozenset[str]] | None = None,
@@ -191,6 +200,23 @@ def against_device(df: pd.DataFrame, sweep: pd.DataFrame, regime: str = "slow_ga
                    f"{float(s.loc['all but ' + best, 'max_abs_err']):.3e} without {best}; measured on the device: "
                    + ", ".join(f"{b} {v:.3e}" for b, v in dev.items()) + ".",
                    dict(emulated_all=emulated, **{f"device_{b}": float(v) for b, v in dev.items()}))
+
+
+def built_against_device(df: pd.DataFrame, sweep: pd.DataFrame, regime: str = "slow_gate",
+                         initial_state: bool = True) -> Summary:
+    """A :func:`budget` table of :func:`built_configurations` at its longest length beside a device sweep's
+    measured errors on the same draw (`regime`, `initial_state`): a descriptive summary."""
+    n = int(df.n_chunks.max())
+    dev = sweep[(sweep.regime == regime) & (sweep.initial_state == initial_state) & (sweep.n_chunks == n)]
+    dev = dev.groupby("backend").max_abs_err.max().sort_values()
+    if dev.empty:
+        raise ValueError(f"built_against_device: the sweep has no {regime} rows at {n} chunks")
+    emu = df[df.seq_len == df.seq_len.max()].set_index("config").max_abs_err
+    return Summary(f"At {n} chunks ({regime.replace('_', ' ')}, {'with' if initial_state else 'no'} initial "
+                   "state), emulated: " + ", ".join(f"{c} {v:.3e}" for c, v in emu.items())
+                   + "; measured on the device: " + ", ".join(f"{b} {v:.3e}" for b, v in dev.items()) + ".",
+                   {**{f"emulated_{c}": float(v) for c, v in emu.items()},
+                    **{f"device_{b}": float(v) for b, v in dev.items()}})
 
 
 #: How close the emulation without roundings must come to the float64 recurrence: float64 roundoff grown over the

@@ -39,6 +39,20 @@ def test_budget_has_a_row_per_configuration_and_length():
     assert len(eb.configurations()) == 2 + len(eb.ROUNDINGS) and "none" in eb.configurations(True)
 
 
+def test_prologue_roundings_are_modelled_only_when_asked():
+    """The prologue's own roundings (T, W's and U's operands) change the emulation only when named; without any
+    rounding the explicit-inverse form is still the recurrence; the built configurations nest as documented."""
+    inp = _inputs()
+    ref, _ = recurrent_gated_delta_rule_ref(**inp.kwargs())
+    plain = eb.emulate(inp)
+    for point in eb.PROLOGUE_ROUNDINGS:
+        assert not torch.equal(eb.emulate(inp, (*eb.ROUNDINGS, point)), plain)
+    assert torch.allclose(eb.emulate(inp, ("solve",)), ref[0].double(), rtol=0, atol=1e-2)
+    built = eb.built_configurations()
+    assert built["fold_norm + split_wu"] < built["fold_norm"] < built["two_kernel"]
+    assert set(built["two_kernel"]) == set(eb.ROUNDINGS) | set(eb.PROLOGUE_ROUNDINGS)
+
+
 def test_it_refuses_unknown_points_and_batches():
     with pytest.raises(ValueError, match="unknown rounding points"):
         eb.emulate(_inputs(), ("state",))
