@@ -35,7 +35,7 @@ from pathlib import Path
 from dataclasses import dataclass
 from typing import Any, Iterator
 
-from gdnlab.dot_shapes import BV_KERNELS, KERNELS, TARGETS, check_dot_shapes
+from gdnlab.dot_shapes import BV_KERNELS, FUSED_FN, KERNELS, TARGETS, TWO_KERNEL_BUILDS, check_dot_shapes, jit_fn
 from gdnlab.kernel_params import BT, FUSED_VARIANTS, STATE_BVS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -81,9 +81,6 @@ MATRIX_COLUMNS = ["target", "kernel", "BV", "num_warps", "num_stages", "status",
 RELEASE_COLUMNS = ["release", "target", "kernel", "BV", "num_warps", "num_stages", "status", "error", "diagnostic",
                    "matrix_instr", "dots", "fma_dots", "static_check", "linked", "compile_s"]
 
-#: The jit function behind each non-fused kernel name of the matrix (the fused names are FUSED_VARIANTS').
-_KERNEL_FNS = {"l2norm": "l2norm_kernel", "prologue": "prologue_kernel", "fwd_h": "fwd_h_kernel",
-               "fwd_o": "fwd_o_kernel"}
 #: Triton's names for the argument types the wrappers pass.
 _TYPES = {"torch.bfloat16": "*bf16", "torch.float16": "*fp16", "torch.float32": "*fp32", "torch.int32": "*i32",
           "torch.int64": "*i64"}
@@ -112,7 +109,9 @@ def _arg_type(value: Any) -> str:
 def launch_spec(kernel: str, BV: int | None) -> LaunchSpec:
     """The arguments the lab's wrapper passes to `kernel` (a name of KERNELS) at BV (None: a BV-free kernel), read
     from a recorded call of the public entry point on CPU tensors of SIZES (with an initial state, the final state
-    stored, q/k l2-normalised): nothing is run, and nothing is restated here that the kernels or wrappers say."""
+    stored, q/k l2-normalised): nothing is run, and nothing is restated here that the kernels or wrappers say. The
+    call's backend, options and the jit function read from it are the fused variant's (FUSED_VARIANTS) or the
+    two-kernel build's (TWO_KERNEL_BUILDS)."""
     import torch
 
     import gdnlab
@@ -120,12 +119,12 @@ def launch_spec(kernel: str, BV: int | None) -> LaunchSpec:
     from gdnlab.interp import recorded_launches
 
     fused = FUSED_VARIANTS.get(kernel)
-    backend, opts = ("fused_shipped", fused.options) if fused else ("two_kernel", {})
+    backend, opts = ("fused_shipped", fused.options) if fused else ("two_kernel", TWO_KERNEL_BUILDS[kernel].options)
+    name = jit_fn(kernel)
     inp = make_inputs(B=1, T=BT, **SIZES, seed=0, dtype=torch.bfloat16, state_dtype=torch.float32,
                       use_qk_l2norm=True)
     with recorded_launches() as got:
         gdnlab.chunk_gated_delta_rule(**inp.kwargs(), backend=backend, BV=BV or 64, **opts)
-    name = "fused_kernel" if fused else _KERNEL_FNS[kernel]
     call = next(c for c in got if c.kernel.__name__ == name)
     params = list(call.kernel.params)
     signature = {p.name: _arg_type(a) for p, a in zip(params, call.args)}
@@ -459,11 +458,16 @@ def _job_key(j: dict[str, Any]) -> str:
     return f"{j['target']}|{j['kernel']}|{j['BV']}|{j['num_warps']}|{j['num_stages']}"
 
 
+#: Build order by jit function, after the shipped fused kernel: the costliest (the prologue: FMA-loop ieee dots) last.
+_FN_ORDER = ("fwd_o_kernel", "fwd_h_kernel", FUSED_FN, "l2norm_kernel", "log_norm_kernel",
+             "prologue_kernel")
+
+
 def _priority(j: dict[str, Any]) -> tuple:
-    """Build order: the shipped fused kernel first, the costliest (prologue: FMA-loop ieee dots) last."""
-    order = ["fused_shipped", "fwd_o", "fwd_h", *(k for k in FUSED_VARIANTS if k != "fused_shipped"), "l2norm",
-             "prologue"]
-    return (order.index(j["kernel"]), j["num_stages"], j["num_warps"], j["BV"] or 0, j["target"])
+    """Build order: the shipped fused kernel first, then by jit function (_FN_ORDER), the costliest last."""
+    k = j["kernel"]
+    return (k != "fused_shipped", _FN_ORDER.index(jit_fn(k)), KERNELS.index(k), j["num_stages"], j["num_warps"],
+            j["BV"] or 0, j["target"])
 
 
 def kernels_sha() -> str:
@@ -714,6 +718,7 @@ def main(argv: list[str] | None = None) -> int:
 
     full = job_list = jobs(quick=a.quick)
     keep: list[dict[str, Any]] = []  # rows of other kernels, kept when only some kernels are rebuilt
+    kept_note = ""  # what a filed run says of them
     if a.kernels:
         names = tuple(k.strip() for k in a.kernels.split(",") if k.strip())
         unknown = set(names) - set(KERNELS)
@@ -724,6 +729,8 @@ def main(argv: list[str] | None = None) -> int:
         if old.exists():
             import pandas as pd
             keep = [r for r in pd.read_csv(old, keep_default_na=False).to_dict("records") if r["kernel"] not in names]
+            kept_note = (f"; only {', '.join(names)} built in this run, the other kernels' rows kept from "
+                         f"{old.parent.name} (see their kernels_sha)")
             for r in keep:
                 r["BV"] = None if r["BV"] in ("", None) else int(r["BV"])
     if a.collect:  # write the CSV from an interrupted run's checkpoint, building nothing
@@ -770,7 +777,8 @@ def main(argv: list[str] | None = None) -> int:
             ckpt.unlink(missing_ok=True)
             if not a.out:
                 _file(out, "compile-matrix", "every lab kernel built for Hopper, MI300X and RDNA3.5 without the "
-                      "hardware (gdnlab compile-matrix); notebook 05", rows[0]["triton_version"] if rows else "?")
+                      f"hardware (gdnlab compile-matrix{' --kernels' if a.kernels else ''}){kept_note}; notebook 05",
+                      rows[0]["triton_version"] if rows else "?")
     return 0 if ok else 1
 
 

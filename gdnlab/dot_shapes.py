@@ -18,6 +18,7 @@ it runs inside the throwaway venvs of older Tritons too.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from gdnlab.kernel_params import BT as _BT, FUSED_VARIANTS, K_TILE, SOLVE_BLOCK
 
@@ -28,10 +29,49 @@ TARGETS: dict[str, tuple[str, object, int]] = {
     "hip:gfx1151": ("hip", "gfx1151", 32),
 }
 
-#: Kernels of the compile matrix: the shared and two-kernel kernels, then every named fused variant.
-KERNELS: tuple[str, ...] = ("l2norm", "prologue", "fwd_h", "fwd_o", *FUSED_VARIANTS)
+
+@dataclass(frozen=True)
+class TwoKernelBuild:
+    """One build of a kernel the two-kernel path launches: its jit function (in gdnlab/kernels), the options of
+    ``chunk_gated_delta_rule(..., backend="two_kernel")`` whose call launches it this way, and whether its tiles
+    depend on BV."""
+
+    fn: str
+    options: dict[str, Any] = field(default_factory=dict, hash=False)
+    bv: bool = False
+
+
+#: fast's l2-norm folded into the gates (gdnlab/backends.py FAST): log_norm_kernel, then the prologue, state and
+#: output kernels with FOLD=True. (It takes effect with use_qk_l2norm, which every build's call sets.)
+FOLD_NORM: dict[str, Any] = {"fold_norm": True}
+
+#: The two-kernel path's builds of the compile matrix: name -> jit function, call options, BV-dependence. A name
+#: with options is the same jit function launched with other constexprs (FOLD adds no tl.dot: kernel_dots reads
+#: the sites off the function).
+TWO_KERNEL_BUILDS: dict[str, TwoKernelBuild] = {
+    "l2norm": TwoKernelBuild("l2norm_kernel"),
+    "prologue": TwoKernelBuild("prologue_kernel"),
+    "fwd_h": TwoKernelBuild("fwd_h_kernel", bv=True),
+    "fwd_o": TwoKernelBuild("fwd_o_kernel", bv=True),
+    "log_norm": TwoKernelBuild("log_norm_kernel", FOLD_NORM),
+    "prologue_fold": TwoKernelBuild("prologue_kernel", FOLD_NORM),
+    "fwd_h_fold": TwoKernelBuild("fwd_h_kernel", FOLD_NORM, bv=True),
+    "fwd_o_fold": TwoKernelBuild("fwd_o_kernel", FOLD_NORM, bv=True),
+}
+
+#: The jit function every fused variant launches (with its switches as constexprs).
+FUSED_FN = "fused_kernel"
+
+
+def jit_fn(kernel: str) -> str:
+    """The name of the jit function behind `kernel` (a name of KERNELS)."""
+    return FUSED_FN if kernel in FUSED_VARIANTS else TWO_KERNEL_BUILDS[kernel].fn
+
+
+#: Kernels of the compile matrix: the shared and two-kernel builds, then every named fused variant.
+KERNELS: tuple[str, ...] = (*TWO_KERNEL_BUILDS, *FUSED_VARIANTS)
 #: Kernels whose tiles depend on BV (the others compile once per num_warps/num_stages).
-BV_KERNELS: frozenset[str] = frozenset({"fwd_h", "fwd_o", *FUSED_VARIANTS})
+BV_KERNELS: frozenset[str] = frozenset({*(n for n, b in TWO_KERNEL_BUILDS.items() if b.bv), *FUSED_VARIANTS})
 
 
 @dataclass(frozen=True)
@@ -95,16 +135,18 @@ INSTRUCTIONS: dict[str, tuple[Instr, ...]] = {
 def kernel_dots(kernel: str, BV: int | None = None, K: int = 128, BT: int = _BT) -> list[Dot]:
     """The tl.dot sites `kernel` issues for one V tile of width BV (K = key dim, BT = chunk rows).
 
-    Read off gdnlab/kernels: every K-tile loop repeats the same shapes, so each site is listed once.
+    Read off gdnlab/kernels: every K-tile loop repeats the same shapes, so each site is listed once. The sites are
+    those of the build's jit function (TWO_KERNEL_BUILDS), whatever its call options: FOLD changes gates, not dots.
     """
     if kernel not in KERNELS:
         raise ValueError(f"kernel: unknown {kernel!r}; known: {', '.join(KERNELS)}")
     if kernel in BV_KERNELS and not isinstance(BV, int):
         raise TypeError(f"BV: {kernel} needs an int BV, got {BV!r}")
     kt = min(K, K_TILE)  # K is walked in register tiles
-    if kernel == "l2norm":
+    fn = jit_fn(kernel)
+    if fn in ("l2norm_kernel", "log_norm_kernel"):
         return []
-    if kernel == "prologue":
+    if fn == "prologue_kernel":
         # Whole-chunk dots (K and V whole, padded to a power of two; V = K here) and the solve's 16x16 products.
         return [
             Dot("beta.K.K^T", BT, BT, K),
@@ -112,12 +154,12 @@ def kernel_dots(kernel: str, BV: int | None = None, K: int = 128, BT: int = _BT)
             Dot("W = T.(beta exp(G) K)", BT, K, BT),
             Dot("U = T.(beta V)", BT, K, BT),
         ]
-    if kernel == "fwd_h":
+    if fn == "fwd_h_kernel":
         return [
             Dot("W.h", BT, BV, kt),
             Dot("K^T.V_new (state update)", kt, BV, BT),
         ]
-    if kernel == "fwd_o":
+    if fn == "fwd_o_kernel":
         return [
             Dot("Q.h", BT, BV, kt),
             Dot("Q.K^T", BT, BT, kt),

@@ -54,7 +54,17 @@ def test_fused_dot_shapes_follow_the_tiles():
     assert "A.V_new" in fixed and "A.U" not in fixed
     nodown = {d.site: d.operands for d in ds.kernel_dots("fused_shipped_no_downcast", 16)}
     assert nodown["Q.h"] == "fp32"
-    assert ds.kernel_dots("l2norm") == []
+    assert ds.kernel_dots("l2norm") == [] and ds.kernel_dots("log_norm") == []
+
+
+def test_fold_builds_have_their_plain_kernels_dots():
+    # FOLD moves the l2-norm into the gates: the same jit function, the same tl.dot sites.
+    for plain in ("prologue", "fwd_h", "fwd_o"):
+        fold = f"{plain}_fold"
+        assert ds.jit_fn(fold) == ds.jit_fn(plain) and ds.TWO_KERNEL_BUILDS[fold].options == {"fold_norm": True}
+        assert (fold in ds.BV_KERNELS) == (plain in ds.BV_KERNELS)
+        for bv in ((8, 64) if plain in ds.BV_KERNELS else (None,)):
+            assert ds.kernel_dots(fold, bv) == ds.kernel_dots(plain, bv) != []
 
 
 def test_fp32_ieee_dots_have_no_matrix_instruction_on_nvidia_or_rdna():
@@ -99,8 +109,10 @@ def test_frontend_minima_per_release():
 
 def test_job_list():
     full = jobs()
-    assert len(full) == 3 * (2 * 6 + 6 * 4 * 6)  # 3 targets; 2 BV-free kernels x 6, 6 BV kernels x 4 BV x 6
-    assert {j["BV"] for j in full if j["kernel"] in ("l2norm", "prologue")} == {None}
+    # 3 targets; 4 BV-free kernels (l2norm, prologue, log_norm, prologue_fold) x 6 warps/stages, 8 BV kernels
+    # (fwd_h, fwd_o, their _fold builds, 4 fused variants) x 4 BV x 6
+    assert len(full) == 3 * (4 * 6 + 8 * 4 * 6)
+    assert {j["BV"] for j in full if j["kernel"] in ("l2norm", "prologue", "log_norm", "prologue_fold")} == {None}
     quick = jobs(quick=True)
     assert len(quick) == 12 and {j["kernel"] for j in quick} == {"fused_shipped", "fwd_o"}
 
@@ -236,7 +248,7 @@ def test_real_compile_gfx942_fwd_o_bv8(tmp_path, monkeypatch):
 def test_builds_take_the_arguments_the_wrapper_passes(kernel):
     """Every build's signature and constexprs cover the jit function's parameters exactly (runtime arguments typed,
     constexprs valued), come from the wrapper's own launch (int32 indices at this size), and the fused builds carry
-    their variant's switches."""
+    their variant's switches, the two-kernel builds their jit function and (with fold_norm) FOLD."""
     from gdnlab.kernel_params import FUSED_VARIANTS
     spec = cm.launch_spec(kernel, 16 if kernel in ds.BV_KERNELS else None)
     params = {p.name: p for p in spec.fn.params}
@@ -244,5 +256,8 @@ def test_builds_take_the_arguments_the_wrapper_passes(kernel):
     assert all(params[n].is_constexpr for n in spec.constexprs)
     assert not any(params[n].is_constexpr for n in spec.signature)
     assert spec.constexprs.get("I64", False) is False
+    assert spec.fn.__name__ == ds.jit_fn(kernel)
     if kernel in FUSED_VARIANTS:
         assert {k: spec.constexprs[k] for k in ("DOWNCAST", "INTRA_VNEW")} == FUSED_VARIANTS[kernel].constexprs
+    elif "FOLD" in params:
+        assert spec.constexprs["FOLD"] is ds.TWO_KERNEL_BUILDS[kernel].options.get("fold_norm", False)
