@@ -35,7 +35,8 @@ from pathlib import Path
 from dataclasses import dataclass
 from typing import Any, Iterator
 
-from gdnlab.dot_shapes import BV_KERNELS, FUSED_FN, KERNELS, TARGETS, TWO_KERNEL_BUILDS, check_dot_shapes, jit_fn
+from gdnlab.dot_shapes import (BV_KERNELS, FUSED_FN, KERNEL_BVS, KERNELS, TARGETS, TWO_KERNEL_BUILDS,
+                               check_dot_shapes, jit_fn)
 from gdnlab.kernel_params import BT, FUSED_VARIANTS, STATE_BVS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -61,7 +62,7 @@ def _file(out: Path, kind: str, purpose: str, triton_version: str) -> None:
                                                           triton=triton_version))
     print(f"filed as data/cpu/{rid}/{out.name} (listed in data/cpu/RUNS.csv)")
 
-#: The shipped fused kernel's autotune space.
+#: The shipped fused kernel's autotune space (the BVs of every build but the output kernel's: dot_shapes.KERNEL_BVS).
 BVS = STATE_BVS
 WARPS = (2, 4)
 STAGES = (2, 3, 4)
@@ -111,7 +112,9 @@ def launch_spec(kernel: str, BV: int | None) -> LaunchSpec:
     from a recorded call of the public entry point on CPU tensors of SIZES (with an initial state, the final state
     stored, q/k l2-normalised): nothing is run, and nothing is restated here that the kernels or wrappers say. The
     call's backend, options and the jit function read from it are the fused variant's (FUSED_VARIANTS) or the
-    two-kernel build's (TWO_KERNEL_BUILDS)."""
+    two-kernel build's (TWO_KERNEL_BUILDS); BV goes to the option that sets this kernel's V tile (the output
+    kernel's is out_BV, which takes 128 where the state kernel's BV stops at 64; the other kernels are then launched
+    at their default)."""
     import torch
 
     import gdnlab
@@ -119,12 +122,17 @@ def launch_spec(kernel: str, BV: int | None) -> LaunchSpec:
     from gdnlab.interp import recorded_launches
 
     fused = FUSED_VARIANTS.get(kernel)
-    backend, opts = ("fused_shipped", fused.options) if fused else ("two_kernel", TWO_KERNEL_BUILDS[kernel].options)
+    build = None if fused else TWO_KERNEL_BUILDS[kernel]
+    backend, opts = ("fused_shipped", dict(fused.options)) if fused else ("two_kernel", dict(build.options))
+    if BV is not None:
+        if BV not in KERNEL_BVS[kernel]:
+            raise ValueError(f"BV: {kernel} takes one of {', '.join(map(str, KERNEL_BVS[kernel]))}, got {BV!r}")
+        opts["BV" if fused else build.bv_option] = BV
     name = jit_fn(kernel)
     inp = make_inputs(B=1, T=BT, **SIZES, seed=0, dtype=torch.bfloat16, state_dtype=torch.float32,
                       use_qk_l2norm=True)
     with recorded_launches() as got:
-        gdnlab.chunk_gated_delta_rule(**inp.kwargs(), backend=backend, BV=BV or 64, **opts)
+        gdnlab.chunk_gated_delta_rule(**inp.kwargs(), backend=backend, **opts)
     call = next(c for c in got if c.kernel.__name__ == name)
     params = list(call.kernel.params)
     signature = {p.name: _arg_type(a) for p, a in zip(params, call.args)}
@@ -132,20 +140,25 @@ def launch_spec(kernel: str, BV: int | None) -> LaunchSpec:
     for p in params:  # constexprs the wrapper leaves at their defaults
         if p.is_constexpr and p.name not in cx and p.name not in signature:
             cx[p.name] = p.default
+    if BV is not None and cx.get("BV") != BV:
+        raise AssertionError(f"{kernel}: the recorded launch has BV={cx.get('BV')!r}, not {BV}")
     return LaunchSpec(call.kernel, signature, cx)
 
 
 def jobs(quick: bool = False, kernels: tuple[str, ...] = KERNELS, targets: tuple[str, ...] = tuple(TARGETS),
-         bvs: tuple[int, ...] = BVS, warps: tuple[int, ...] = WARPS,
+         bvs: tuple[int, ...] | None = None, warps: tuple[int, ...] = WARPS,
          stages: tuple[int, ...] = STAGES) -> list[dict[str, Any]]:
-    """Every (target, kernel, BV, num_warps, num_stages) build; BV-free kernels once per warps/stages.
+    """Every (target, kernel, BV, num_warps, num_stages) build; BV-free kernels once per warps/stages, the others at
+    every V tile they take (dot_shapes.KERNEL_BVS: the output kernels at OUT_BVS, the rest at STATE_BVS), or only
+    at those of `bvs` when given.
     `quick`: fused_shipped and fwd_o at BV 8 and 64, 4 warps, 2 stages, on every target."""
     if quick:
         kernels, bvs, warps, stages = ("fused_shipped", "fwd_o"), (8, 64), (4,), (2,)
     out = []
     for t in targets:
         for k in kernels:
-            for bv in (bvs if k in BV_KERNELS else (None,)):
+            own = KERNEL_BVS[k]
+            for bv in ((None,) if k not in BV_KERNELS else own if bvs is None else tuple(b for b in own if b in bvs)):
                 for w in warps:
                     for s in stages:
                         out.append(dict(target=t, kernel=k, BV=bv, num_warps=w, num_stages=s))
@@ -373,7 +386,7 @@ def _build(job: dict[str, Any]) -> dict[str, Any]:
         _LINK_NOTE.clear()
         with _capture_fds() as stderr:
             src = _ast_source(spec.fn, spec.signature, spec.constexprs)
-        k = triton.compile(src, target=target,
+            k = triton.compile(src, target=target,
                                options=dict(num_warps=job["num_warps"], num_stages=job["num_stages"]))
         asm = k.asm
         row["status"] = "ok"

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from gdnlab.kernel_params import BT as _BT, FUSED_VARIANTS, K_TILE, SOLVE_BLOCK
+from gdnlab.kernel_params import BT as _BT, FUSED_VARIANTS, K_TILE, OUT_BVS, SOLVE_BLOCK, STATE_BVS
 
 #: Targets of the compile matrix: name -> (backend, arch, warp size).
 TARGETS: dict[str, tuple[str, object, int]] = {
@@ -33,30 +33,37 @@ TARGETS: dict[str, tuple[str, object, int]] = {
 @dataclass(frozen=True)
 class TwoKernelBuild:
     """One build of a kernel the two-kernel path launches: its jit function (in gdnlab/kernels), the options of
-    ``chunk_gated_delta_rule(..., backend="two_kernel")`` whose call launches it this way, and whether its tiles
-    depend on BV."""
+    ``chunk_gated_delta_rule(..., backend="two_kernel")`` whose call launches it this way, the V tiles it takes
+    (`bvs`: the BVs the compile matrix builds it at; empty for a kernel whose tiles do not depend on BV) and the
+    option of that call that sets its BV (`bv_option`: "BV" for the state kernel, "out_BV" for the output kernel,
+    gdnlab.kernels.two_kernel)."""
 
     fn: str
     options: dict[str, Any] = field(default_factory=dict, hash=False)
-    bv: bool = False
+    bvs: tuple[int, ...] = ()
+    bv_option: str = "BV"
 
 
 #: fast's l2-norm folded into the gates (gdnlab/backends.py FAST): log_norm_kernel, then the prologue, state and
 #: output kernels with FOLD=True. (It takes effect with use_qk_l2norm, which every build's call sets.)
 FOLD_NORM: dict[str, Any] = {"fold_norm": True}
 
-#: The two-kernel path's builds of the compile matrix: name -> jit function, call options, BV-dependence. A name
-#: with options is the same jit function launched with other constexprs (FOLD adds no tl.dot: kernel_dots reads
-#: the sites off the function).
+#: The state kernel's V tiles (option BV) and the output kernel's (option out_BV: fast launches it at 128).
+_STATE = dict(bvs=STATE_BVS)
+_OUTPUT = dict(bvs=OUT_BVS, bv_option="out_BV")
+
+#: The two-kernel path's builds of the compile matrix: name -> jit function, call options, V tiles. A name with
+#: options is the same jit function launched with other constexprs (FOLD adds no tl.dot: kernel_dots reads the
+#: sites off the function).
 TWO_KERNEL_BUILDS: dict[str, TwoKernelBuild] = {
     "l2norm": TwoKernelBuild("l2norm_kernel"),
     "prologue": TwoKernelBuild("prologue_kernel"),
-    "fwd_h": TwoKernelBuild("fwd_h_kernel", bv=True),
-    "fwd_o": TwoKernelBuild("fwd_o_kernel", bv=True),
+    "fwd_h": TwoKernelBuild("fwd_h_kernel", **_STATE),
+    "fwd_o": TwoKernelBuild("fwd_o_kernel", **_OUTPUT),
     "log_norm": TwoKernelBuild("log_norm_kernel", FOLD_NORM),
     "prologue_fold": TwoKernelBuild("prologue_kernel", FOLD_NORM),
-    "fwd_h_fold": TwoKernelBuild("fwd_h_kernel", FOLD_NORM, bv=True),
-    "fwd_o_fold": TwoKernelBuild("fwd_o_kernel", FOLD_NORM, bv=True),
+    "fwd_h_fold": TwoKernelBuild("fwd_h_kernel", FOLD_NORM, **_STATE),
+    "fwd_o_fold": TwoKernelBuild("fwd_o_kernel", FOLD_NORM, **_OUTPUT),
 }
 
 #: The jit function every fused variant launches (with its switches as constexprs).
@@ -70,8 +77,12 @@ def jit_fn(kernel: str) -> str:
 
 #: Kernels of the compile matrix: the shared and two-kernel builds, then every named fused variant.
 KERNELS: tuple[str, ...] = (*TWO_KERNEL_BUILDS, *FUSED_VARIANTS)
+#: The V tiles each kernel takes, i.e. the BVs the compile matrix builds it at: the two-kernel builds' own
+#: (TWO_KERNEL_BUILDS), the fused variants' STATE_BVS (their autotune space as shipped); () for a BV-free kernel.
+KERNEL_BVS: dict[str, tuple[int, ...]] = {**{n: b.bvs for n, b in TWO_KERNEL_BUILDS.items()},
+                                          **{n: STATE_BVS for n in FUSED_VARIANTS}}
 #: Kernels whose tiles depend on BV (the others compile once per num_warps/num_stages).
-BV_KERNELS: frozenset[str] = frozenset({*(n for n, b in TWO_KERNEL_BUILDS.items() if b.bv), *FUSED_VARIANTS})
+BV_KERNELS: frozenset[str] = frozenset(n for n, bvs in KERNEL_BVS.items() if bvs)
 
 
 @dataclass(frozen=True)
@@ -137,11 +148,15 @@ def kernel_dots(kernel: str, BV: int | None = None, K: int = 128, BT: int = _BT)
 
     Read off gdnlab/kernels: every K-tile loop repeats the same shapes, so each site is listed once. The sites are
     those of the build's jit function (TWO_KERNEL_BUILDS), whatever its call options: FOLD changes gates, not dots.
+    BV must be one of the V tiles the kernel takes (KERNEL_BVS: the output kernel's run to 128, N = BV there too).
     """
     if kernel not in KERNELS:
         raise ValueError(f"kernel: unknown {kernel!r}; known: {', '.join(KERNELS)}")
-    if kernel in BV_KERNELS and not isinstance(BV, int):
-        raise TypeError(f"BV: {kernel} needs an int BV, got {BV!r}")
+    if kernel in BV_KERNELS:
+        if not isinstance(BV, int):
+            raise TypeError(f"BV: {kernel} needs an int BV, got {BV!r}")
+        if BV not in KERNEL_BVS[kernel]:
+            raise ValueError(f"BV: {kernel} takes one of {', '.join(map(str, KERNEL_BVS[kernel]))}, got {BV!r}")
     kt = min(K, K_TILE)  # K is walked in register tiles
     fn = jit_fn(kernel)
     if fn in ("l2norm_kernel", "log_norm_kernel"):

@@ -67,6 +67,24 @@ def test_fold_builds_have_their_plain_kernels_dots():
             assert ds.kernel_dots(fold, bv) == ds.kernel_dots(plain, bv) != []
 
 
+def test_output_kernel_takes_bv_128_the_others_stop_at_64():
+    # fast launches the output kernel at out_BV = 128; the state kernel and the fused variants take STATE_BVS.
+    from gdnlab.kernel_params import OUT_BVS, STATE_BVS
+    assert 128 in OUT_BVS and 128 not in STATE_BVS
+    for k in ds.KERNELS:
+        want = OUT_BVS if ds.jit_fn(k) == "fwd_o_kernel" else STATE_BVS if k in ds.BV_KERNELS else ()
+        assert ds.KERNEL_BVS[k] == want, k
+    assert {ds.TWO_KERNEL_BUILDS[k].bv_option for k in ("fwd_o", "fwd_o_fold")} == {"out_BV"}
+    for k in ("fwd_o", "fwd_o_fold"):
+        dots = {d.site: (d.M, d.N, d.K) for d in ds.kernel_dots(k, 128)}
+        assert dots == {"Q.h": (64, 128, 64), "Q.K^T": (64, 64, 64), "A.V_new": (64, 128, 64)}  # N = BV as at 8..64
+        for t in ds.TARGETS:
+            assert ds.check_dot_shapes(t, 128, k, 2).ok and ds.check_dot_shapes(t, 128, k, 4).summary() == "native"
+    for k in ("fwd_h", "fwd_h_fold", "fused_shipped"):
+        with pytest.raises(ValueError, match="BV"):
+            ds.kernel_dots(k, 128)
+
+
 def test_fp32_ieee_dots_have_no_matrix_instruction_on_nvidia_or_rdna():
     for t in ("cuda:90", "hip:gfx1151"):
         chk = ds.check_dot_shapes(t, None, "prologue")
@@ -109,12 +127,17 @@ def test_frontend_minima_per_release():
 
 def test_job_list():
     full = jobs()
-    # 3 targets; 4 BV-free kernels (l2norm, prologue, log_norm, prologue_fold) x 6 warps/stages, 8 BV kernels
-    # (fwd_h, fwd_o, their _fold builds, 4 fused variants) x 4 BV x 6
-    assert len(full) == 3 * (4 * 6 + 8 * 4 * 6)
+    # 3 targets; 4 BV-free kernels (l2norm, prologue, log_norm, prologue_fold) x 6 warps/stages, 6 kernels at the
+    # state BVs (fwd_h, fwd_h_fold, 4 fused variants) x 4 BV x 6, the output kernels (fwd_o, fwd_o_fold) x 5 BV x 6
+    assert len(full) == 3 * (4 * 6 + 6 * 4 * 6 + 2 * 5 * 6) == 684
     assert {j["BV"] for j in full if j["kernel"] in ("l2norm", "prologue", "log_norm", "prologue_fold")} == {None}
+    assert {j["BV"] for j in full if j["kernel"] in ("fwd_o", "fwd_o_fold")} == {8, 16, 32, 64, 128}
+    assert {j["BV"] for j in full if j["kernel"] in ("fwd_h", "fwd_h_fold", *cm.FUSED_VARIANTS)} == set(BVS)
     quick = jobs(quick=True)
     assert len(quick) == 12 and {j["kernel"] for j in quick} == {"fused_shipped", "fwd_o"}
+    # the release sweep: fused_shipped at 4 BVs, fwd_o at 5, on 2 targets
+    assert len(jobs(kernels=cm.RELEASE_KERNELS, targets=cm.RELEASE_TARGETS, warps=(4,), stages=(2,))) == 18
+    assert {j["BV"] for j in jobs(kernels=("fwd_o", "fused_shipped"), bvs=(64, 128))} == {64, 128}
 
 
 # ---- the worker's parsers --------------------------------------------------------------------------------------
@@ -242,6 +265,55 @@ def test_real_compile_gfx942_fwd_o_bv8(tmp_path, monkeypatch):
     assert "v_mfma_f32_4x4x4_16b_bf16" in row["matrix_instr"]  # the 64x8 tiles, on the 16-block MFMA
     row["triton_version"] = row.get("triton_version", "")
     _agree({k: str(v) for k, v in row.items()}, row["triton_version"])
+
+
+def test_build_captures_what_the_compiler_prints(monkeypatch):
+    """triton.compile runs inside the capture: an MLIR error it prints reaches `error` and `diagnostic` (a stand-in
+    compile, no real build)."""
+    import os
+    import triton
+
+    def failing_compile(*a, **kw):
+        os.write(2, b"loc(\"x.py\":1:2): error: no matching matrix core intrinsic (test)\n")
+        raise RuntimeError("PassManager::run failed")
+
+    monkeypatch.setattr(triton, "compile", failing_compile)
+    row = cm._build(dict(target="hip:gfx942", kernel="l2norm", BV=None, num_warps=4, num_stages=2))
+    assert row["status"] == "error"
+    assert row["error"] == "no matching matrix core intrinsic (test)"
+    assert row["diagnostic"] == "error: no matching matrix core intrinsic (test)"
+
+
+def test_real_compile_hopper_regs_from_tritons_own_ptxas_log(tmp_path, monkeypatch, capsys):
+    """Registers and spills come from the ptxas log Triton prints (TRITON_DUMP_PTXAS_LOG), not a second ptxas run.
+    (pytest's capture is lifted: it swaps sys.stdout, which the build worker's processes leave on file descriptor 1.)"""
+    pytest.importorskip("triton.backends.nvidia.compiler")
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", "1")
+    monkeypatch.setenv("TRITON_DUMP_PTXAS_LOG", "1")
+
+    def no_fallback(ptx):
+        raise AssertionError("the fallback ptxas run was used: Triton's own ptxas log was not captured")
+
+    monkeypatch.setattr(cm, "_nvidia_resources", no_fallback)
+    # Under a second: the l2-norm kernel has no tl.dot.
+    with capsys.disabled():
+        row = cm._build(dict(target="cuda:90", kernel="l2norm", BV=None, num_warps=4, num_stages=2))
+    assert row["status"] == "ok", row["error"]
+    assert int(row["regs"]) > 0 and row["spills"] == "0"
+
+
+@pytest.mark.parametrize("kernel", ["fwd_o", "fwd_o_fold"])
+def test_output_kernel_recorded_at_bv_128(kernel):
+    """The output kernel's BV 128 (fast's out_BV) is recorded from a call with out_BV=128 (BV, the state kernel's,
+    stops at 64)."""
+    spec = cm.launch_spec(kernel, 128)
+    assert spec.fn.__name__ == "fwd_o_kernel" and spec.constexprs["BV"] == 128
+    assert spec.constexprs["FOLD"] is (kernel == "fwd_o_fold")
+    assert (spec.signature, spec.constexprs) == (cm.launch_spec(kernel, 64).signature,
+                                                 {**cm.launch_spec(kernel, 64).constexprs, "BV": 128})
+    with pytest.raises(ValueError, match="BV"):
+        cm.launch_spec("fwd_h", 128)
 
 
 @pytest.mark.parametrize("kernel", cm.KERNELS)
