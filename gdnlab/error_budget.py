@@ -138,7 +138,7 @@ def budget(inputs: GDNInputs, lengths: Iterable[int], configs: dict[str, frozens
     for name, rounded in items:
         o = emulate(inputs, rounded)
         for n in lengths:
-            rows.append(dict(config=name, rounded=",".join(x for x in ROUNDINGS if x in rounded), seq_len=n,
+            rows.append(dict(config=name, rounded=",".join(x for x in ROUNDINGS + PROLOGUE_ROUNDINGS if x in rounded), seq_len=n,
                              n_chunks=-(-n // BT), max_abs_err=float((o[:n] - ref[:n]).abs().max()),
                              mean_abs_err=float((o[:n] - ref[:n]).abs().mean())))
     return pd.DataFrame(rows)
