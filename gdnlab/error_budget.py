@@ -32,8 +32,9 @@ from gdnlab.inputs import GDNInputs
 from gdnlab.kernel_params import BT
 from gdnlab.reference import chunk_gated_delta_rule_ref, l2norm, recurrent_gated_delta_rule_ref
 
-__all__ = ["ROUNDINGS", "PROLOGUE_ROUNDINGS", "emulate", "configurations", "built_configurations", "budget", "savings", "largest_saving", "state_in_fp32",
-           "against_device", "built_against_device", "EXACT_TOL", "exact_without_roundings"]
+__all__ = ["ROUNDINGS", "PROLOGUE_ROUNDINGS", "emulate", "configurations", "built_configurations", "budget",
+           "savings", "largest_saving", "state_in_fp32", "against_device", "built_against_device", "EXACT_TOL",
+           "exact_without_roundings"]
 
 #: The bf16 rounding points of the two-kernel path, in the order the data meets them.
 ROUNDINGS = ("qk_norm", "wu", "state_for_w", "absorb", "v_new", "state_for_output", "scores", "output")
@@ -138,8 +139,8 @@ def budget(inputs: GDNInputs, lengths: Iterable[int], configs: dict[str, frozens
     for name, rounded in items:
         o = emulate(inputs, rounded)
         for n in lengths:
-            rows.append(dict(config=name, rounded=",".join(x for x in ROUNDINGS + PROLOGUE_ROUNDINGS if x in rounded), seq_len=n,
-                             n_chunks=-(-n // BT), max_abs_err=float((o[:n] - ref[:n]).abs().max()),
+            rows.append(dict(config=name, rounded=",".join(x for x in ROUNDINGS + PROLOGUE_ROUNDINGS if x in rounded),
+                             seq_len=n, n_chunks=-(-n // BT), max_abs_err=float((o[:n] - ref[:n]).abs().max()),
                              mean_abs_err=float((o[:n] - ref[:n]).abs().mean())))
     return pd.DataFrame(rows)
 
@@ -182,16 +183,23 @@ def state_in_fp32(df: pd.DataFrame) -> Summary:
                    f"{floor:.3f}x.", dict(state_for_output=r, only_output=floor))
 
 
+def _device_errors(sweep: pd.DataFrame, regime: str, initial_state: bool, n: int, caller: str) -> pd.Series:
+    """Each backend's measured max error at `n` chunks in a device sweep's `regime` / `initial_state` rows,
+    smallest first; ValueError (naming `caller`) where the sweep has none."""
+    dev = sweep[(sweep.regime == regime) & (sweep.initial_state == initial_state) & (sweep.n_chunks == n)]
+    dev = dev.groupby("backend").max_abs_err.max().sort_values()
+    if dev.empty:
+        raise ValueError(f"{caller}: the sweep has no {regime} rows at {n} chunks")
+    return dev
+
+
 def against_device(df: pd.DataFrame, sweep: pd.DataFrame, regime: str = "slow_gate",
                    initial_state: bool = True) -> Summary:
     """The emulation beside a device sweep (benchmarks.sweep's sweep.csv) at the table's longest length: the
     emulated error with all roundings and with the best single saving, against every backend's measured error on
     the same draw (`regime`, `initial_state`): a descriptive summary."""
     n = int(df.n_chunks.max())
-    dev = sweep[(sweep.regime == regime) & (sweep.initial_state == initial_state) & (sweep.n_chunks == n)]
-    dev = dev.groupby("backend").max_abs_err.max().sort_values()
-    if dev.empty:
-        raise ValueError(f"against_device: the sweep has no {regime} rows at {n} chunks")
+    dev = _device_errors(sweep, regime, initial_state, n, "against_device")
     s = savings(df)
     best = largest_saving(df).numbers["best"]
     emulated = float(df[(df.config == "all") & (df.seq_len == df.seq_len.max())].max_abs_err.iloc[0])
@@ -207,10 +215,7 @@ def built_against_device(df: pd.DataFrame, sweep: pd.DataFrame, regime: str = "s
     """A :func:`budget` table of :func:`built_configurations` at its longest length beside a device sweep's
     measured errors on the same draw (`regime`, `initial_state`): a descriptive summary."""
     n = int(df.n_chunks.max())
-    dev = sweep[(sweep.regime == regime) & (sweep.initial_state == initial_state) & (sweep.n_chunks == n)]
-    dev = dev.groupby("backend").max_abs_err.max().sort_values()
-    if dev.empty:
-        raise ValueError(f"built_against_device: the sweep has no {regime} rows at {n} chunks")
+    dev = _device_errors(sweep, regime, initial_state, n, "built_against_device")
     emu = df[df.seq_len == df.seq_len.max()].set_index("config").max_abs_err
     return Summary(f"At {n} chunks ({regime.replace('_', ' ')}, {'with' if initial_state else 'no'} initial "
                    "state), emulated: " + ", ".join(f"{c} {v:.3e}" for c, v in emu.items())
