@@ -1,5 +1,7 @@
-"""The prologue alone, per way of finishing the solve, num_warps, and l2-norm inside the prologue or not: its time,
-and the largest difference of its outputs from the default configuration (0: bit-equal)."""
+"""The prologue alone, per way of forming T (the block substitution on a whole-chunk A, or by_blocks), num_warps and l2-norm handling (two launches, inside the
+prologue, or folded into the gates as fast does, with or without split_wu): its time (graph replay, so that the
+launches' host time is left out) and the largest difference of its outputs from the same configuration with the
+default solve (0: bit-equal)."""
 from __future__ import annotations
 
 import pandas as pd
@@ -7,32 +9,40 @@ import pandas as pd
 from benchmarks.context import Context
 from benchmarks.env import log, stamp
 from benchmarks.inputs import QWEN, bench_inputs
+from benchmarks.timing import graph_ms
 
 OUTPUT = "prologue_variants.csv"
+#: l2-norm handling: (fuse_norm, fold_norm, split_wu)
+NORMS = {"launches": (False, False, False), "inside": (True, False, False), "fold": (False, True, False),
+         "fold+split_wu": (False, True, True)}
 
 
 def run(ctx: Context) -> pd.DataFrame:
     import torch
-    import triton
 
     from gdnlab.kernels import pipeline
-    from gdnlab.kernels.prologue import SOLVES
+    from gdnlab.kernels.prologue import SOLVE
     rows = []
     for T in (512, 8192, 32768):
         x = pipeline.flatten(**bench_inputs(1, T, 0).kwargs())
-        base = pipeline.prologue(x, True)
-        for solve, nw, fuse in [(s, w, False) for s in SOLVES for w in (2, 4, 8)] + \
-                               [("blocks", w, True) for w in (2, 4, 8)]:
-            f = lambda: pipeline.prologue(x, True, fuse_norm=fuse, num_warps=nw, solve=solve)
-            try:
-                p2 = f()
-                t = triton.testing.do_bench(f, return_mode="median")
-                diff = max(float((getattr(p2, n).float() - getattr(base, n).float()).abs().max())
-                           for n in ("q", "k", "g_cum", "w", "u"))
-                finite = bool(torch.isfinite(p2.w).all() and torch.isfinite(p2.u).all())
-                rows.append(dict(T=T, solve=solve, num_warps=nw, l2norm_inside=fuse, ms=t,
-                                 programs=x.plan.n_chunks * QWEN["HV"], maxdiff_default=diff, finite=finite))
-            except Exception as e:  # noqa: BLE001
-                rows.append(dict(T=T, solve=solve, num_warps=nw, l2norm_inside=fuse, error=repr(e)[:300]))
-            log("prologue", T, solve, nw, fuse, rows[-1].get("ms"), rows[-1].get("maxdiff_default"))
+        for norm, (fuse, fold, split) in NORMS.items():
+            for nw in (2, 4):
+                base = None
+                for solve in (SOLVE, "by_blocks"):  # the default first: the other's baseline (tf32x3 and ieee lost
+                    # 1.9-6.7x to the blocks in 2026-12-02T1654-prologue)
+                    f = lambda: pipeline.prologue(x, True, fuse_norm=fuse, num_warps=nw, solve=solve,  # noqa: E731
+                                                  fold_norm=fold, split_wu=split)
+                    row = dict(T=T, solve=solve, num_warps=nw, norm=norm, programs=x.plan.n_chunks * QWEN["HV"])
+                    try:
+                        p2 = f()
+                        base = base or p2
+                        row["ms"] = graph_ms(f)
+                        row["maxdiff_default"] = max(
+                            float((getattr(p2, n).float() - getattr(base, n).float()).abs().max())
+                            for n in ("q", "k", "g_cum", "w", "u"))
+                        row["finite"] = bool(torch.isfinite(p2.w).all() and torch.isfinite(p2.u).all())
+                    except Exception as e:  # noqa: BLE001
+                        row["error"] = repr(e)[:300]
+                    rows.append(row)
+                    log("prologue", T, norm, nw, solve, row.get("ms"), row.get("maxdiff_default"))
     return stamp(pd.DataFrame(rows), ctx.env)

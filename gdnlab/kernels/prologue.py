@@ -19,8 +19,9 @@ from gdnlab.kernels.tiles import as_index, l2_norm_of_rows, load_rows, store_row
 
 #: How the prologue finishes T = (I + A)^-1 after its 16x16 diagonal blocks (see _solve).
 SOLVE = "blocks"
-#: Every way of finishing it that _solve knows.
-SOLVES = ("blocks", "tf32x3", "ieee")
+#: Every way of forming T that the prologue knows: _solve's three, which split a whole-chunk A into blocks, and
+#: "by_blocks" (_wy_by_blocks), which forms A, T, W and U block by block.
+SOLVES = ("blocks", "tf32x3", "ieee", "by_blocks")
 
 
 @triton.jit
@@ -84,10 +85,15 @@ def _stack(x3, b: tl.constexpr):
 
 @triton.jit
 def _inv_diag_blocks(a4):
-    """(I + D)^-1 for the four strictly lower-triangular 16x16 diagonal blocks D of a [4, 16, 4, 16] view, by
-    forward substitution in fp32, row by row, all four blocks at once as one [4, 16, 16] stack."""
+    """(I + D)^-1 for the four strictly lower-triangular 16x16 diagonal blocks D of a [4, 16, 4, 16] view."""
     b = tl.arange(0, 4)
-    d = tl.sum(tl.where((b[:, None] == b[None, :])[:, None, :, None], a4, 0.0), 2)
+    return _inv_stack(tl.sum(tl.where((b[:, None] == b[None, :])[:, None, :, None], a4, 0.0), 2))
+
+
+@triton.jit
+def _inv_stack(d):
+    """(I + D)^-1 for a [4, 16, 16] stack of strictly lower-triangular blocks D, by forward substitution in fp32,
+    row by row, all four blocks at once."""
     r = tl.arange(0, 16)
     row_ids = r[None, :, None]
     t = tl.where(row_ids == r[None, None, :], 1.0, 0.0) + tl.zeros([4, 16, 16], tl.float32)
@@ -102,6 +108,19 @@ def _inv_diag_blocks(a4):
 def _mm(a, b):
     """A 16x16 fp32 product in full fp32 (the solve's precision)."""
     return tl.dot(a, b, input_precision="ieee")
+
+
+@triton.jit
+def _off_diagonal(t00, t11, t22, t33, a10, a20, a21, a30, a31, a32):
+    """The off-diagonal 16x16 blocks of T = (I + A)^-1 from its inverted diagonal blocks and A's blocks, by block
+    substitution T_ij = -T_ii sum_{j<=m<i} A_im T_mj in 16x16 fp32 products."""
+    t10 = -_mm(t11, _mm(a10, t00))
+    t21 = -_mm(t22, _mm(a21, t11))
+    t20 = -_mm(t22, _mm(a20, t00) + _mm(a21, t10))
+    t32 = -_mm(t33, _mm(a32, t22))
+    t31 = -_mm(t33, _mm(a31, t11) + _mm(a32, t21))
+    t30 = -_mm(t33, _mm(a30, t00) + _mm(a31, t10) + _mm(a32, t20))
+    return t10, t20, t21, t30, t31, t32
 
 
 @triton.jit
@@ -125,14 +144,9 @@ def _solve(a, BT: tl.constexpr, SOLVE: tl.constexpr):
     # The diagonal blocks are placed in each branch, after the merge: placed before it, the Hopper build spills
     # 1192 instead of 848 B per thread.
     if SOLVE == "blocks":
-        a10, a20, a21 = _block(a4, 1, 0), _block(a4, 2, 0), _block(a4, 2, 1)
-        a30, a31, a32 = _block(a4, 3, 0), _block(a4, 3, 1), _block(a4, 3, 2)
-        t10 = -_mm(t11, _mm(a10, t00))
-        t21 = -_mm(t22, _mm(a21, t11))
-        t20 = -_mm(t22, _mm(a20, t00) + _mm(a21, t10))
-        t32 = -_mm(t33, _mm(a32, t22))
-        t31 = -_mm(t33, _mm(a31, t11) + _mm(a32, t21))
-        t30 = -_mm(t33, _mm(a30, t00) + _mm(a31, t10) + _mm(a32, t20))
+        t10, t20, t21, t30, t31, t32 = _off_diagonal(t00, t11, t22, t33, _block(a4, 1, 0), _block(a4, 2, 0),
+                                                     _block(a4, 2, 1), _block(a4, 3, 0), _block(a4, 3, 1),
+                                                     _block(a4, 3, 2))
         t = _place(_place(_place(_place(t, t00, 0, 0), t11, 1, 1), t22, 2, 2), t33, 3, 3)
         t = _place(_place(_place(t, t10, 1, 0), t20, 2, 0), t21, 2, 1)
         t = _place(_place(_place(t, t30, 3, 0), t31, 3, 1), t32, 3, 2)
@@ -154,6 +168,130 @@ def _split_dot(a, b):
     16 significant bits of a instead of 8, two tensor-core dots."""
     hi = a.to(tl.bfloat16)
     return tl.dot(hi, b) + tl.dot((a - hi.to(tl.float32)).to(tl.bfloat16), b)
+
+
+@triton.jit
+def _part(x, i: tl.constexpr):
+    """Rows 16i .. 16i + 15 of a 64-vector, exactly (a one-hot masked sum)."""
+    return tl.sum(tl.where((tl.arange(0, 4) == i)[:, None], tl.reshape(x, [4, 16]), 0.0), 0)
+
+
+@triton.jit
+def _stack4(x0, x1, x2, x3):
+    """The [4, 16, 16] stack of four 16x16 tiles, x_b at index b."""
+    s = tl.join(tl.join(x0, x1), tl.join(x2, x3))  # [16, 16, 2, 2]: [..., p, q] is x_(2q + p)
+    return tl.reshape(tl.permute(s, (3, 2, 0, 1)), [4, 16, 16])
+
+
+@triton.jit
+def _a_block(kb_i, k_j, g_i, g_j, m_i, m_j, DIAG: tl.constexpr):
+    """Block (i, j) of the gated, strictly lower-triangular A from the (beta-scaled) row block i and row block j."""
+    keep = m_i[:, None] & m_j[None, :]
+    if DIAG:
+        r = tl.arange(0, 16)
+        keep = keep & (r[:, None] > r[None, :])
+    a = tl.dot(kb_i, tl.trans(k_j))
+    return tl.where(keep, a * tl.exp(tl.where(keep, g_i[:, None] - g_j[None, :], 0.0)), 0.0)
+
+
+@triton.jit
+def _row_product(t0, t1, t2, t3, x0, x1, x2, x3, I: tl.constexpr):
+    """Row block I of T X: sum_{j <= I} t_j x_j in one accumulation chain, j ascending (the order of a whole-chunk
+    dot, whose blocks above the diagonal add exact zeros)."""
+    acc = tl.dot(t0, x0)
+    if I >= 1:
+        acc = tl.dot(t1, x1, acc)
+    if I >= 2:
+        acc = tl.dot(t2, x2, acc)
+    if I >= 3:
+        acc = tl.dot(t3, x3, acc)
+    return acc
+
+
+@triton.jit
+def _wy_row(t0, t1, t2, t3, x0, x1, x2, x3, f0, f1, f2, f3, I: tl.constexpr, SPLIT: tl.constexpr):
+    """Row block I of W (x: k's row blocks, f: beta exp(G)) or of U (x: v's, f: beta). Without SPLIT the rows of x
+    are scaled by f and rounded to bf16 and T is bf16; with it T's columns take f in fp32 and T is split into two
+    bf16 terms (_split_dot), chained separately."""
+    if SPLIT:
+        s0, s1, s2, s3 = t0 * f0[None, :], t1 * f1[None, :], t2 * f2[None, :], t3 * f3[None, :]
+        h0, h1, h2, h3 = s0.to(tl.bfloat16), s1.to(tl.bfloat16), s2.to(tl.bfloat16), s3.to(tl.bfloat16)
+        hi = _row_product(h0, h1, h2, h3, x0, x1, x2, x3, I)
+        lo = _row_product((s0 - h0.to(tl.float32)).to(tl.bfloat16), (s1 - h1.to(tl.float32)).to(tl.bfloat16),
+                          (s2 - h2.to(tl.float32)).to(tl.bfloat16), (s3 - h3.to(tl.float32)).to(tl.bfloat16),
+                          x0, x1, x2, x3, I)
+        return hi + lo
+    else:
+        return _row_product(t0.to(tl.bfloat16), t1.to(tl.bfloat16), t2.to(tl.bfloat16), t3.to(tl.bfloat16),
+                            (x0.to(tl.float32) * f0[:, None]).to(tl.bfloat16),
+                            (x1.to(tl.float32) * f1[:, None]).to(tl.bfloat16),
+                            (x2.to(tl.float32) * f2[:, None]).to(tl.bfloat16),
+                            (x3.to(tl.float32) * f3[:, None]).to(tl.bfloat16), I)
+
+
+@triton.jit
+def _wy_by_blocks(k_ptr, kn_ptr, v_ptr, w_ptr, u_ptr, beta_ptr, lk_ptr, g_cum, row0, eos, i_h, i_hv, first,
+                  H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, KP: tl.constexpr,
+                  VP: tl.constexpr, NORM: tl.constexpr, FOLD: tl.constexpr, SPLIT: tl.constexpr):
+    """A, T and W/U of one chunk (rows from row0) in 16-row blocks: each block of A is its own [16, K] x [K, 16]
+    dot of two row blocks of k, T's blocks come from the same substitution as _solve's, and each row block of W
+    and U is a chain of [16, 16] x [16, D] dots, so no 64x64 tile is split into blocks or assembled from them.
+    Same products and order as the whole-chunk form."""
+    r16 = tl.arange(0, 16)
+    rw0, rw1, rw2, rw3 = row0 + r16, row0 + 16 + r16, row0 + 32 + r16, row0 + 48 + r16
+    m0, m1, m2, m3 = rw0 < eos, rw1 < eos, rw2 < eos, rw3 < eos
+    kp, knp = k_ptr + i_h * K, kn_ptr + i_h * K
+    k0 = _keys(kp, knp, rw0, m0, first, H * K, K, KP, NORM, True)
+    k1 = _keys(kp, knp, rw1, m1, first, H * K, K, KP, NORM, True)
+    k2 = _keys(kp, knp, rw2, m2, first, H * K, K, KP, NORM, True)
+    k3 = _keys(kp, knp, rw3, m3, first, H * K, K, KP, NORM, True)
+    b0 = tl.load(beta_ptr + rw0 * HV + i_hv, mask=m0, other=0.0).to(tl.float32)
+    b1 = tl.load(beta_ptr + rw1 * HV + i_hv, mask=m1, other=0.0).to(tl.float32)
+    b2 = tl.load(beta_ptr + rw2 * HV + i_hv, mask=m2, other=0.0).to(tl.float32)
+    b3 = tl.load(beta_ptr + rw3 * HV + i_hv, mask=m3, other=0.0).to(tl.float32)
+    g0, g1, g2, g3 = _part(g_cum, 0), _part(g_cum, 1), _part(g_cum, 2), _part(g_cum, 3)
+    gr0, gr1, gr2, gr3 = g0, g1, g2, g3  # the gates of A's rows (and W's operand) and of its columns
+    gc0, gc1, gc2, gc3 = g0, g1, g2, g3
+    if FOLD:
+        l0 = tl.load(lk_ptr + rw0 * H + i_h, mask=m0, other=0.0)
+        l1 = tl.load(lk_ptr + rw1 * H + i_h, mask=m1, other=0.0)
+        l2 = tl.load(lk_ptr + rw2 * H + i_h, mask=m2, other=0.0)
+        l3 = tl.load(lk_ptr + rw3 * H + i_h, mask=m3, other=0.0)
+        gr0, gr1, gr2, gr3 = g0 - l0, g1 - l1, g2 - l2, g3 - l3
+        gc0, gc1, gc2, gc3 = g0 + l0, g1 + l1, g2 + l2, g3 + l3
+    kb0 = (k0.to(tl.float32) * b0[:, None]).to(k0.dtype)
+    kb1 = (k1.to(tl.float32) * b1[:, None]).to(k1.dtype)
+    kb2 = (k2.to(tl.float32) * b2[:, None]).to(k2.dtype)
+    kb3 = (k3.to(tl.float32) * b3[:, None]).to(k3.dtype)
+    a00 = _a_block(kb0, k0, gr0, gc0, m0, m0, True)
+    a11 = _a_block(kb1, k1, gr1, gc1, m1, m1, True)
+    a22 = _a_block(kb2, k2, gr2, gc2, m2, m2, True)
+    a33 = _a_block(kb3, k3, gr3, gc3, m3, m3, True)
+    a10, a20 = _a_block(kb1, k0, gr1, gc0, m1, m0, False), _a_block(kb2, k0, gr2, gc0, m2, m0, False)
+    a21, a30 = _a_block(kb2, k1, gr2, gc1, m2, m1, False), _a_block(kb3, k0, gr3, gc0, m3, m0, False)
+    a31, a32 = _a_block(kb3, k1, gr3, gc1, m3, m1, False), _a_block(kb3, k2, gr3, gc2, m3, m2, False)
+    t00, t11, t22, t33 = _inv_stack(_stack4(a00, a11, a22, a33))
+    t10, t20, t21, t30, t31, t32 = _off_diagonal(t00, t11, t22, t33, a10, a20, a21, a30, a31, a32)
+    # k's row blocks are loaded again rather than kept live across the solve (fewer spills)
+    k0 = _keys(kp, knp, rw0, m0, first, H * K, K, KP, NORM, False)
+    k1 = _keys(kp, knp, rw1, m1, first, H * K, K, KP, NORM, False)
+    k2 = _keys(kp, knp, rw2, m2, first, H * K, K, KP, NORM, False)
+    k3 = _keys(kp, knp, rw3, m3, first, H * K, K, KP, NORM, False)
+    f0, f1, f2, f3 = b0 * tl.exp(gr0), b1 * tl.exp(gr1), b2 * tl.exp(gr2), b3 * tl.exp(gr3)
+    wp = w_ptr + i_hv * K
+    store_rows(wp, rw0, m0, HV * K, 0, _wy_row(t00, t00, t00, t00, k0, k0, k0, k0, f0, f0, f0, f0, 0, SPLIT), KP, K)
+    store_rows(wp, rw1, m1, HV * K, 0, _wy_row(t10, t11, t11, t11, k0, k1, k1, k1, f0, f1, f1, f1, 1, SPLIT), KP, K)
+    store_rows(wp, rw2, m2, HV * K, 0, _wy_row(t20, t21, t22, t22, k0, k1, k2, k2, f0, f1, f2, f2, 2, SPLIT), KP, K)
+    store_rows(wp, rw3, m3, HV * K, 0, _wy_row(t30, t31, t32, t33, k0, k1, k2, k3, f0, f1, f2, f3, 3, SPLIT), KP, K)
+    vp, up = v_ptr + i_hv * V, u_ptr + i_hv * V
+    v0 = load_rows(vp, rw0, m0, HV * V, 0, VP, V)
+    v1 = load_rows(vp, rw1, m1, HV * V, 0, VP, V)
+    v2 = load_rows(vp, rw2, m2, HV * V, 0, VP, V)
+    v3 = load_rows(vp, rw3, m3, HV * V, 0, VP, V)
+    store_rows(up, rw0, m0, HV * V, 0, _wy_row(t00, t00, t00, t00, v0, v0, v0, v0, b0, b0, b0, b0, 0, SPLIT), VP, V)
+    store_rows(up, rw1, m1, HV * V, 0, _wy_row(t10, t11, t11, t11, v0, v1, v1, v1, b0, b1, b1, b1, 1, SPLIT), VP, V)
+    store_rows(up, rw2, m2, HV * V, 0, _wy_row(t20, t21, t22, t22, v0, v1, v2, v2, b0, b1, b2, b2, 2, SPLIT), VP, V)
+    store_rows(up, rw3, m3, HV * V, 0, _wy_row(t30, t31, t32, t33, v0, v1, v2, v3, b0, b1, b2, b3, 3, SPLIT), VP, V)
 
 
 @triton.jit
@@ -192,34 +330,43 @@ def prologue_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, qn_ptr, kn_ptr, gcum_p
     beta = tl.load(beta_ptr + rows * HV + i_hv, mask=mrow, other=0.0).to(tl.float32)
     if NORM:
         _keys(q_ptr + i_h * K, qn_ptr + i_h * K, rows, mrow, first, H * K, K, KP, NORM, True)
-    kt = _keys(k_ptr + i_h * K, kn_ptr + i_h * K, rows, mrow, first, H * K, K, KP, NORM, True)
-    g_row, g_col = g_cum, g_cum  # the gates of A's rows (and W's operand) and of its columns
-    if FOLD:
-        log_k = tl.load(lk_ptr + rows * H + i_h, mask=mrow, other=0.0)
-        g_row, g_col = g_cum - log_k, g_cum + log_k
-        tl.store(gq_ptr + rows * HV + i_hv, g_cum - tl.load(lq_ptr + rows * H + i_h, mask=mrow, other=0.0), mask=mrow)
-        tl.store(gk_ptr + rows * HV + i_hv, g_col, mask=mrow)
-
-    a = tl.dot((kt.to(tl.float32) * beta[:, None]).to(kt.dtype), tl.trans(kt))
-    strict = (r[:, None] > r[None, :]) & mrow[:, None] & mrow[None, :]
-    a = tl.where(strict, a * tl.exp(tl.where(strict, g_row[:, None] - g_col[None, :], 0.0)), 0.0)
-    t32 = _solve(a, BT, SOLVE)
-    t = t32.to(tl.bfloat16)  # (without SPLIT t32 dies here: the order the H200 runs measured)
-
-    # k is loaded (and normalised) again rather than kept live across the solve: the form the H200 runs measured;
-    # the Hopper build spills the same 848 B either way (docs/speed-notes.md).
-    kt = _keys(k_ptr + i_h * K, kn_ptr + i_h * K, rows, mrow, first, H * K, K, KP, NORM, False)
-    if SPLIT:
-        w = _split_dot(t32 * (beta * tl.exp(g_row))[None, :], kt)
+    if SOLVE == "by_blocks":
+        if FOLD:
+            l_k = tl.load(lk_ptr + rows * H + i_h, mask=mrow, other=0.0)
+            tl.store(gq_ptr + rows * HV + i_hv, g_cum - tl.load(lq_ptr + rows * H + i_h, mask=mrow, other=0.0),
+                     mask=mrow)
+            tl.store(gk_ptr + rows * HV + i_hv, g_cum + l_k, mask=mrow)
+        _wy_by_blocks(k_ptr, kn_ptr, v_ptr, w_ptr, u_ptr, beta_ptr, lk_ptr, g_cum, bos + i_t * BT, eos, i_h, i_hv,
+                      first, H, HV, K, V, KP, VP, NORM, FOLD, SPLIT)
     else:
-        w = tl.dot(t, (kt.to(tl.float32) * (beta * tl.exp(g_row))[:, None]).to(tl.bfloat16))
-    store_rows(w_ptr + i_hv * K, rows, mrow, HV * K, 0, w, KP, K)
-    vt = load_rows(v_ptr + i_hv * V, rows, mrow, HV * V, 0, VP, V)
-    if SPLIT:
-        u = _split_dot(t32 * beta[None, :], vt)
-    else:
-        u = tl.dot(t, (vt.to(tl.float32) * beta[:, None]).to(tl.bfloat16))
-    store_rows(u_ptr + i_hv * V, rows, mrow, HV * V, 0, u, VP, V)
+        kt = _keys(k_ptr + i_h * K, kn_ptr + i_h * K, rows, mrow, first, H * K, K, KP, NORM, True)
+        g_row, g_col = g_cum, g_cum  # the gates of A's rows (and W's operand) and of its columns
+        if FOLD:
+            log_k = tl.load(lk_ptr + rows * H + i_h, mask=mrow, other=0.0)
+            g_row, g_col = g_cum - log_k, g_cum + log_k
+            tl.store(gq_ptr + rows * HV + i_hv, g_cum - tl.load(lq_ptr + rows * H + i_h, mask=mrow, other=0.0), mask=mrow)
+            tl.store(gk_ptr + rows * HV + i_hv, g_col, mask=mrow)
+
+        a = tl.dot((kt.to(tl.float32) * beta[:, None]).to(kt.dtype), tl.trans(kt))
+        strict = (r[:, None] > r[None, :]) & mrow[:, None] & mrow[None, :]
+        a = tl.where(strict, a * tl.exp(tl.where(strict, g_row[:, None] - g_col[None, :], 0.0)), 0.0)
+        t32 = _solve(a, BT, SOLVE)
+        t = t32.to(tl.bfloat16)  # (without SPLIT t32 dies here: the order the H200 runs measured)
+
+        # k is loaded (and normalised) again rather than kept live across the solve: the form the H200 runs measured;
+        # the Hopper build spills the same 848 B either way (docs/speed-notes.md).
+        kt = _keys(k_ptr + i_h * K, kn_ptr + i_h * K, rows, mrow, first, H * K, K, KP, NORM, False)
+        if SPLIT:
+            w = _split_dot(t32 * (beta * tl.exp(g_row))[None, :], kt)
+        else:
+            w = tl.dot(t, (kt.to(tl.float32) * (beta * tl.exp(g_row))[:, None]).to(tl.bfloat16))
+        store_rows(w_ptr + i_hv * K, rows, mrow, HV * K, 0, w, KP, K)
+        vt = load_rows(v_ptr + i_hv * V, rows, mrow, HV * V, 0, VP, V)
+        if SPLIT:
+            u = _split_dot(t32 * beta[None, :], vt)
+        else:
+            u = tl.dot(t, (vt.to(tl.float32) * beta[:, None]).to(tl.bfloat16))
+        store_rows(u_ptr + i_hv * V, rows, mrow, HV * V, 0, u, VP, V)
 
 
 _PLANS: dict = {}
