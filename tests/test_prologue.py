@@ -80,15 +80,20 @@ def test_norm_inside_without_l2norm():
     assert torch.equal(of, o3) and torch.equal(hf, h3) and torch.equal(hf, h2)
 
 
-@pytest.mark.parametrize("solve", ["tf32x3", "ieee"])
-def test_other_solves_stay_within_bf16_of_the_blocks(solve):
-    """The 64x64-dot ways of finishing the solve (kept for the speed study) give W, U within one bf16 step of the
-    default block substitution (under the interpreter tf32x3 runs as fp32)."""
+@pytest.mark.parametrize("solve,opts", [("tf32x3", {}), ("ieee", {}), ("by_blocks", {}),
+                                        ("by_blocks", dict(fold_norm=True, split_wu=True)),
+                                        ("by_blocks", dict(fuse_norm=True))])
+def test_other_solves_stay_within_bf16_of_the_blocks(solve, opts):
+    """The other ways of forming T give W, U within one bf16 step of the default block substitution: the 64x64-dot
+    ways of finishing the solve (kept for the speed study; under the interpreter tf32x3 runs as fp32), and by_blocks
+    (A, T, W, U formed block by block) with each norm handling; g_cum, and with the fold the gates, equal."""
     inp = make_inputs(B=1, T=100, H=1, HV=2, K=64, V=32, regime="correlated", seed=12)
     args = [_flat(inp.q), _flat(inp.k), _flat(inp.v), _flat(inp.g, torch.float32), _flat(inp.beta)]
     plan = ChunkPlan.build([(0, 100)], args[0].device)
-    a = run_prologue(*args, plan, True)
-    b = run_prologue(*args, plan, True, poison=True, solve=solve)
+    a = run_prologue(*args, plan, True, **opts)
+    b = run_prologue(*args, plan, True, poison=True, solve=solve, **opts)
+    for x, y in ((a.g_cum, b.g_cum), (a.g_q, b.g_q), (a.g_k, b.g_k), (a.q, b.q), (a.k, b.k)):
+        assert x is None or torch.equal(x, y)
     for x, y in ((a.w, b.w), (a.u, b.u)):
         assert not y.isnan().any()
         assert ((x.float() - y.float()).abs() <= 2 * ulp_bf16 * x.float().abs().clamp_min(1e-3)).all()
