@@ -38,12 +38,12 @@ def _triton(path: str, by_size: Callable[[int, int, int], dict[str, Any]] | None
     """A backend that runs the lab's Triton kernels through gdnlab.kernels.pipeline: `path` is "two_kernel" or "fused".
     Every path takes the prologue's options too: `prologue_warps` (its num_warps), `prologue_solve`,
     `prologue_tma` (its k, v, W and U tiles through tensor descriptors: TMA on Hopper, the same numbers; item 31)
-    and `fuse_norm` (the q/k l2-norm inside the prologue instead of two launches of its own). The two-kernel path also takes `norm_q_in_output` (q's
-    l2-norm inside the output kernel: one launch and one pass over q fewer), `index64` (int64 indices in its
-    kernels; default: only where a buffer has 2^31 elements or more) and `fold_norm` (q and k never rounded after
-    normalising: their norms are folded into the gates in fp32; docs/speed-notes.md items 27 and 29) and `split_wu`
-    (W and U formed from T and the raw k and v rows with no operand rounded to bf16; item 29) and `out_tma` (the
-    output kernel's tiles through tensor descriptors, the same numbers; item 32).
+    and `fuse_norm` (the q/k l2-norm inside the prologue instead of two launches of its own). The two-kernel path
+    also takes `norm_q_in_output` (q's l2-norm inside the output kernel: one launch and one pass over q fewer),
+    `index64` (int64 indices in its kernels; default: only where a buffer has 2^31 elements or more), `fold_norm`
+    (q and k never rounded after normalising: their norms are folded into the gates in fp32; docs/speed-notes.md
+    items 27 and 29), `split_wu` (W and U formed from T and the raw k and v rows with no operand rounded to bf16;
+    item 29) and `out_tma` (the output kernel's tiles through tensor descriptors, the same numbers; item 32).
     `by_size(programs, walkers, sms)` gives defaults that depend on the call: programs = chunks x value heads (the
     prologue's grid), walkers = the state kernel's programs (sequences x value heads x V tiles), sms = the device's
     multiprocessors. Options passed to the call override both."""
