@@ -10,6 +10,7 @@ import torch
 import gdnlab
 from gdnlab.cases import CASES, CASES_BY_NAME, ISOLATION, Case
 from gdnlab.inputs import make_inputs
+from gdnlab.interp import recorded_launches
 from gdnlab.metrics import CUTEDSL_OUTPUT, CUTEDSL_STATE, errors, valid_rows
 from gdnlab.reference import recurrent_gated_delta_rule_ref
 
@@ -235,7 +236,6 @@ def test_tma_tiles_are_bit_equal(kind):
     tiles: output and state bit-equal to pointer tiles, every element written. Ragged rows (fast, the fold) and a
     head's padded columns and state rows (K = 80 in 128-wide and 64-row tiles; the norm inside the prologue) read
     as zeros and are never written, as the masks give."""
-    from gdnlab.interp import recorded_launches
     if kind == "ragged":
         kw, backend, opts = CASES_BY_NAME["var_pad"].inputs().kwargs(), "fast", {}
     else:

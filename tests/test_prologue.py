@@ -7,7 +7,6 @@ import pytest
 import torch
 
 import gdnlab
-from gdnlab.interp import recorded_launches
 from gdnlab.cases import CASES_BY_NAME
 from gdnlab.inputs import make_inputs
 from gdnlab.kernels import BT, ChunkPlan, run_prologue

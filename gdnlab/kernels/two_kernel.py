@@ -129,18 +129,18 @@ def fwd_o_kernel(q_ptr, k_ptr, vnew_ptr, gcum_ptr, h_ptr, o_ptr, cu_ptr, chunks_
     if NORM_Q:
         qn = l2_norm_of_rows(load_rows(qh, rows, mrow, H * K, 0, KP, K).to(tl.float32))
     o_acc, sc = inter_and_scores(qh, kh, rows, mrow, H * K, 0, _h_tile(hb, hd, 0, v0, K, V, BV, TMA), K, qn,
-        NORM_Q, qd, kd, r0, TMA)
+                                 NORM_Q, qd, kd, r0, TMA)
     if K > 64:
         oi, si = inter_and_scores(qh, kh, rows, mrow, H * K, 64, _h_tile(hb, hd, 64, v0, K, V, BV, TMA), K, qn,
-            NORM_Q, qd, kd, r0, TMA)
+                                  NORM_Q, qd, kd, r0, TMA)
         o_acc, sc = o_acc + oi, sc + si
     if K > 128:
         oi, si = inter_and_scores(qh, kh, rows, mrow, H * K, 128, _h_tile(hb, hd, 128, v0, K, V, BV, TMA), K, qn,
-            NORM_Q, qd, kd, r0, TMA)
+                                  NORM_Q, qd, kd, r0, TMA)
         o_acc, sc = o_acc + oi, sc + si
     if K > 192:
         oi, si = inter_and_scores(qh, kh, rows, mrow, H * K, 192, _h_tile(hb, hd, 192, v0, K, V, BV, TMA), K, qn,
-            NORM_Q, qd, kd, r0, TMA)
+                                  NORM_Q, qd, kd, r0, TMA)
         o_acc, sc = o_acc + oi, sc + si
     v_new = load_tile(vnew_ptr + i_hv * V, vd, rows, mrow, HV * V, r0, v0, BV, V, TMA)
     out = chunk_output(o_acc, sc, g_row, g_col, rows, mrow, v_new, scale)
