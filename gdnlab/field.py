@@ -31,11 +31,13 @@ PEER_NAMES = tuple(PEERS)
 GROWTH_MARGIN = 0.1
 
 
-def load(device: str = "h200", accuracy_run: str | None = None, bench_run: str | None = None) -> dict[str, pd.DataFrame]:
+def load(device: str = "h200", accuracy_run: str | None = None, bench_run: str | None = None,
+         purpose: str = "peers") -> dict[str, pd.DataFrame]:
     """The conformance and sweep tables of `accuracy_run` and the bench table of `bench_run` (None: the latest run
-    with purpose "peers" holding that file, from RUNS.csv), each with its run id in column ``run_id``."""
-    accuracy_run = accuracy_run or runs.latest(device, purpose="peers", has="sweep.csv")
-    bench_run = bench_run or runs.latest(device, purpose="peers", has="bench.csv")
+    with purpose `purpose` holding that file, from RUNS.csv), each with its run id in column ``run_id``. "peers"
+    runs hold the lab's paths beside the peers; "field" runs fast (or a variant) and the peers only."""
+    accuracy_run = accuracy_run or runs.latest(device, purpose=purpose, has="sweep.csv")
+    bench_run = bench_run or runs.latest(device, purpose=purpose, has="bench.csv")
     out = {name: runs.load(rid, f"{name}.csv", device).assign(run_id=rid)
            for name, rid in (("conformance", accuracy_run), ("sweep", accuracy_run), ("bench", bench_run))}
     out["bench"] = load_bench_frame(out["bench"])

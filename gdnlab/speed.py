@@ -230,11 +230,16 @@ def target_summary(tg: pd.DataFrame) -> Summary:
     shown, not explained away (a descriptive summary: it asserts nothing)."""
     parts, counts = [], {}
     for (target, timing), rows in tg.groupby(["target", "timing"], sort=False):
-        counts[f"{target} ({timing})"] = (int(rows.met.sum()), len(rows))
-        txt = f"{target} {rows.goal.iloc[0]} ({timing}): met at {int(rows.met.sum())} of {len(rows)} sizes"
-        parts.append(txt + (f"; not met at {_misses(rows)}" if not rows.met.all() else ""))
-    return Summary("By the acceptance rule (" + ", ".join(sorted(set(tg.rule))) + "): " + "; ".join(parts) + ".",
-                   counts)
+        measured = rows[rows.rule != "not measured"]
+        counts[f"{target} ({timing})"] = (int(measured.met.sum()), len(measured))
+        if measured.empty:
+            parts.append(f"{target} ({timing}): not measured in this run")
+            continue
+        txt = f"{target} {rows.goal.iloc[0]} ({timing}): met at {int(measured.met.sum())} of {len(measured)} sizes"
+        parts.append(txt + (f"; not met at {_misses(measured)}" if not measured.met.all() else "")
+                     + (f"; not measured at {len(rows) - len(measured)}" if len(measured) < len(rows) else ""))
+    rules = sorted(set(tg.rule) - {"not measured"})
+    return Summary("By the acceptance rule (" + ", ".join(rules) + "): " + "; ".join(parts) + ".", counts)
 
 
 def fix_is_free(bench: pd.DataFrame, tol: float = 0.05) -> Finding:

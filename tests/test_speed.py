@@ -62,6 +62,8 @@ def test_meets_target_and_summary_show_misses():
     assert isinstance(s, Summary) and s.numbers["auto / fastest (eager)"] == (1, 2)
     assert "auto / fastest <= 1.05 (eager): met at 1 of 2 sizes; not met at 1x512 1.100x (goal <= 1.05)" in s.claim
     assert "not asserted" in s._repr_markdown_()[0]
+    gone = speed.target_summary(tg.assign(ratio=float("nan"), rule="not measured", met=False))
+    assert "auto / fastest (eager): not measured in this run" in gone.claim and "not met" not in gone.claim
 
 
 def test_findings_hold_or_fail_with_numbers():
