@@ -1,7 +1,9 @@
-"""The prologue alone, per way of forming T (the block substitution on a whole-chunk A, or by_blocks), num_warps and l2-norm handling (two launches, inside the
-prologue, or folded into the gates as fast does, with or without split_wu): its time (graph replay, so that the
-launches' host time is left out) and the largest difference of its outputs from the same configuration with the
-default solve (0: bit-equal)."""
+"""The prologue alone with fast's l2-norm handling (folded into the gates), per way of forming T and num_warps: its
+time (graph replay, so that the launches' host time is left out) and the largest difference of its outputs from
+the default solve at the same warps (0: bit-equal). The forms: the default block substitution on a whole-chunk A
+("blocks"), the same with register moves ("moves"), by_blocks, and "identity" (no solve, T = I: a timing study's
+form with wrong numbers, what the rest of the prologue costs). Earlier runs timed the other norm handlings
+(docs/speed-notes.md items 30 and 34)."""
 from __future__ import annotations
 
 import pandas as pd
@@ -13,8 +15,10 @@ from benchmarks.timing import graph_ms
 
 OUTPUT = "prologue_variants.csv"
 #: l2-norm handling: (fuse_norm, fold_norm, split_wu)
-NORMS = {"launches": (False, False, False), "inside": (True, False, False), "fold": (False, True, False),
-         "fold+split_wu": (False, True, True)}
+NORMS = {"fold": (False, True, False)}
+#: The forms timed after the default (their baseline; tf32x3 and ieee lost 1.9-6.7x to the blocks in
+#: 2026-12-02T1654-prologue).
+OTHERS = ("moves", "by_blocks", "identity")
 
 
 def run(ctx: Context) -> pd.DataFrame:
@@ -28,8 +32,7 @@ def run(ctx: Context) -> pd.DataFrame:
         for norm, (fuse, fold, split) in NORMS.items():
             for nw in (2, 4):
                 base = None
-                for solve in (SOLVE, "by_blocks"):  # the default first: the other's baseline (tf32x3 and ieee lost
-                    # 1.9-6.7x to the blocks in 2026-12-02T1654-prologue)
+                for solve in (SOLVE, *OTHERS):
                     f = lambda: pipeline.prologue(x, True, fuse_norm=fuse, num_warps=nw, solve=solve,  # noqa: E731
                                                   fold_norm=fold, split_wu=split)
                     row = dict(T=T, solve=solve, num_warps=nw, norm=norm, programs=x.plan.n_chunks * QWEN["HV"])

@@ -99,6 +99,19 @@ def test_other_solves_stay_within_bf16_of_the_blocks(solve, opts):
         assert ((x.float() - y.float()).abs() <= 2 * ulp_bf16 * x.float().abs().clamp_min(1e-3)).all()
 
 
+@pytest.mark.parametrize("opts", [{}, dict(fold_norm=True)])
+def test_moves_solve_is_bit_equal_to_the_blocks(opts):
+    """"moves" takes A's blocks out and puts T together by register moves instead of masked sums: the same
+    numbers, bit for bit, on a ragged chunk (T = 100) with rows past the sequence."""
+    inp = make_inputs(B=1, T=100, H=1, HV=2, K=64, V=32, regime="correlated", seed=13)
+    args = [_flat(inp.q), _flat(inp.k), _flat(inp.v), _flat(inp.g, torch.float32), _flat(inp.beta)]
+    plan = ChunkPlan.build([(0, 100)], args[0].device)
+    a = run_prologue(*args, plan, True, **opts)
+    b = run_prologue(*args, plan, True, poison=True, solve="moves", **opts)
+    assert not b.w.isnan().any() and not b.u.isnan().any()
+    assert torch.equal(a.w, b.w) and torch.equal(a.u, b.u)
+
+
 def test_prologue_tma_refuses_by_blocks():
     """The by_blocks solve loads its own 16-row blocks: tma is refused there, not ignored."""
     kw = CASES_BY_NAME["t129"].inputs().kwargs()

@@ -20,9 +20,13 @@ from gdnlab.kernels.tiles import (as_index, l2_norm_of_rows, load_rows, load_til
 
 #: How the prologue finishes T = (I + A)^-1 after its 16x16 diagonal blocks (see _solve).
 SOLVE = "blocks"
-#: Every way of forming T that the prologue knows: _solve's three, which split a whole-chunk A into blocks, and
-#: "by_blocks" (_wy_by_blocks), which forms A, T, W and U block by block.
-SOLVES = ("blocks", "tf32x3", "ieee", "by_blocks")
+#: Every way of forming T that the prologue knows: _solve's four, which split a whole-chunk A into blocks ("blocks"
+#: by masked sums, "moves" by reshapes, splits and joins: the same numbers), and "by_blocks" (_wy_by_blocks), which
+#: forms A, T, W and U block by block.
+SOLVES = ("blocks", "moves", "tf32x3", "ieee", "by_blocks")
+#: Forms for timing studies only, whose T is wrong: "identity" (T = I, no solve: what the rest of the prologue
+#: costs). The backends refuse them; benchmarks/prologue_variants.py times them.
+STUDY_SOLVES = ("identity",)
 
 
 @triton.jit
@@ -93,9 +97,9 @@ def _inv_diag_blocks(a4):
 
 
 @triton.jit
-def _inv_stack(d):
+def _inv_stack_raw(d):
     """(I + D)^-1 for a [4, 16, 16] stack of strictly lower-triangular blocks D, by forward substitution in fp32,
-    row by row, all four blocks at once."""
+    row by row, all four blocks at once; as a stack."""
     r = tl.arange(0, 16)
     row_ids = r[None, :, None]
     t = tl.where(row_ids == r[None, None, :], 1.0, 0.0) + tl.zeros([4, 16, 16], tl.float32)
@@ -103,7 +107,57 @@ def _inv_stack(d):
         d_i = tl.sum(tl.where(row_ids == i, d, 0.0), 1)
         row = tl.where(r == i, 1.0, 0.0)[None, :] - tl.sum(d_i[:, :, None] * t, 1)
         t = tl.where(row_ids == i, row[:, None, :], t)
+    return t
+
+
+@triton.jit
+def _inv_stack(d):
+    """_inv_stack_raw's four inverses, each taken out of the stack by a masked sum."""
+    t = _inv_stack_raw(d)
     return _stack(t, 0), _stack(t, 1), _stack(t, 2), _stack(t, 3)
+
+
+@triton.jit
+def _split4(x):
+    """The four tensors x[..., a1, a0] (a = 2 a1 + a0 = 0..3) of x's last two dims, by register moves."""
+    e, o = tl.split(x)
+    x0, x2 = tl.split(e)
+    x1, x3 = tl.split(o)
+    return x0, x1, x2, x3
+
+
+@triton.jit
+def _join4(x0, x1, x2, x3):
+    """x_a stacked into two new last dims [..., a0, a1] (a = 2 a1 + a0), by register moves (_split4's inverse up
+    to the order of those dims)."""
+    return tl.join(tl.join(x0, x1), tl.join(x2, x3))
+
+
+@triton.jit
+def _blocks_moved(a):
+    """All sixteen 16x16 blocks of a 64x64 matrix by reshapes, a permute and splits (no arithmetic), as four
+    column-block tuples."""
+    a6 = tl.reshape(tl.permute(tl.reshape(a, [4, 16, 4, 16]), (1, 3, 0, 2)), [16, 16, 2, 2, 2, 2])
+    c0, c1, c2, c3 = _split4(a6)  # column blocks j, each [16, 16, 2, 2] over (i1, i0)
+    return _split4(c0), _split4(c1), _split4(c2), _split4(c3)
+
+
+@triton.jit
+def _unstack4(x3):
+    """The four 16x16 tiles of a [4, 16, 16] stack, by register moves (_stack4's inverse)."""
+    return _split4(tl.reshape(tl.permute(x3, (1, 2, 0)), [16, 16, 2, 2]))
+
+
+@triton.jit
+def _assemble(t00, t10, t20, t30, t11, t21, t31, t22, t32, t33, BT: tl.constexpr):
+    """The 64x64 lower block-triangular matrix with these blocks (t_ij at block row i, column j), by joins."""
+    z = tl.zeros([16, 16], tl.float32)
+    c0 = _join4(t00, t10, t20, t30)  # [16, 16, i0, i1]
+    c1 = _join4(z, t11, t21, t31)
+    c2 = _join4(z, z, t22, t32)
+    c3 = _join4(z, z, z, t33)
+    full = _join4(c0, c1, c2, c3)  # [r, c, i0, i1, j0, j1]
+    return tl.reshape(tl.permute(full, (3, 2, 0, 5, 4, 1)), [BT, BT])
 
 
 @triton.jit
@@ -137,9 +191,34 @@ def _place(acc, x, i: tl.constexpr, j: tl.constexpr):
 def _solve(a, BT: tl.constexpr, SOLVE: tl.constexpr):
     """T = (I + a)^-1 for a strictly lower-triangular 64x64 fp32 a. The 16x16 diagonal blocks D_i are inverted by
     forward substitution; then, by SOLVE:
-    "blocks": block substitution T_ij = -T_ii sum_{j<=m<i} A_im T_mj in 16x16 fp32 products;
+    "blocks": block substitution T_ij = -T_ii sum_{j<=m<i} A_im T_mj in 16x16 fp32 products, A's blocks taken out
+    and T's put together by masked sums over the whole [4, 16, 4, 16] view;
+    "moves": the same products, with the blocks taken out and put together by reshapes, permutes, splits and joins
+    (register moves, no arithmetic: the same numbers as "blocks");
     "tf32x3" / "ieee": T = (I - N)(I + N^2) D^-1 with N = D^-1 (A - D), nilpotent (N^4 = 0), in four 64x64 dots
     of that input precision."""
+    if SOLVE == "identity":  # a timing study's form (STUDY_SOLVES): no solve, T = I
+        r = tl.arange(0, BT)
+        t = tl.where(r[:, None] == r[None, :], 1.0, 0.0) + 0.0 * a
+    elif SOLVE == "moves":
+        t = _solve_moved(a, BT)
+    else:
+        t = _solve_masked(a, BT, SOLVE)
+    return t
+
+
+@triton.jit
+def _solve_moved(a, BT: tl.constexpr):
+    """_solve's "moves"."""
+    (a00, a10, a20, a30), (a01, a11, a21, a31), (a02, a12, a22, a32), (a03, a13, a23, a33) = _blocks_moved(a)
+    t00, t11, t22, t33 = _unstack4(_inv_stack_raw(_stack4(a00, a11, a22, a33)))
+    t10, t20, t21, t30, t31, t32 = _off_diagonal(t00, t11, t22, t33, a10, a20, a21, a30, a31, a32)
+    return _assemble(t00, t10, t20, t30, t11, t21, t31, t22, t32, t33, BT)
+
+
+@triton.jit
+def _solve_masked(a, BT: tl.constexpr, SOLVE: tl.constexpr):
+    """_solve's "blocks", "tf32x3" and "ieee"."""
     a4 = tl.reshape(a, [4, 16, 4, 16])
     t00, t11, t22, t33 = _inv_diag_blocks(a4)
     t = tl.zeros([4, 16, 4, 16], tl.float32)
