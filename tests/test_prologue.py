@@ -111,9 +111,3 @@ def test_moves_solve_is_bit_equal_to_the_blocks(opts):
     assert not b.w.isnan().any() and not b.u.isnan().any()
     assert torch.equal(a.w, b.w) and torch.equal(a.u, b.u)
 
-
-def test_prologue_tma_refuses_by_blocks():
-    """The by_blocks solve loads its own 16-row blocks: tma is refused there, not ignored."""
-    kw = CASES_BY_NAME["t129"].inputs().kwargs()
-    with pytest.raises(ValueError, match="tma"):
-        gdnlab.chunk_gated_delta_rule(**kw, backend="fast", prologue_tma=True, prologue_solve="by_blocks")

@@ -15,8 +15,7 @@ import triton.language as tl
 
 from gdnlab.interp import launch
 from gdnlab.kernel_params import BT, cdiv, pow2
-from gdnlab.kernels.tiles import (as_index, l2_norm_of_rows, load_rows, load_tile, sequence_rows, store_rows,
-                                  store_tile, tma_ok, use_descriptors)
+from gdnlab.kernels.tiles import as_index, l2_norm_of_rows, load_rows, store_rows
 
 #: How the prologue finishes T = (I + A)^-1 after its 16x16 diagonal blocks (see _solve).
 SOLVE = "blocks"
@@ -63,11 +62,11 @@ def log_norm_kernel(q_ptr, k_ptr, lq_ptr, lk_ptr, n_rows, D: tl.constexpr, BD: t
 
 @triton.jit
 def _keys(src_ptr, dst_ptr, rows, mrow, first, stride, D: tl.constexpr, DP: tl.constexpr, NORM: tl.constexpr,
-          STORE: tl.constexpr, desc=None, r0=0, TMA: tl.constexpr = False):
-    """A [BT, DP] tile of q or k (through `desc` with TMA: load_tile). With NORM it is l2-normalised in fp32 and
+          STORE: tl.constexpr):
+    """A [BT, DP] tile of q or k. With NORM it is l2-normalised in fp32 and
     rounded to the input dtype, exactly as l2norm_kernel does, and (STORE) stored for the later kernels by the value
     head with first == 0."""
-    x = load_tile(src_ptr, desc, rows, mrow, stride, r0, 0, DP, D, TMA)
+    x = load_rows(src_ptr, rows, mrow, stride, 0, DP, D)
     if NORM:
         x = _l2_normalised(x).to(x.dtype)
         if STORE:
@@ -379,8 +378,7 @@ def _wy_by_blocks(k_ptr, kn_ptr, v_ptr, w_ptr, u_ptr, beta_ptr, lk_ptr, g_cum, r
 def prologue_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, qn_ptr, kn_ptr, gcum_ptr, w_ptr, u_ptr, cu_ptr, chunks_ptr,
                     gq_ptr, gk_ptr, lq_ptr, lk_ptr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                     KP: tl.constexpr, VP: tl.constexpr, BT: tl.constexpr, NORM: tl.constexpr, SOLVE: tl.constexpr,
-                    I64: tl.constexpr = True, FOLD: tl.constexpr = False, SPLIT: tl.constexpr = False,
-                    TMA: tl.constexpr = False):
+                    I64: tl.constexpr = True, FOLD: tl.constexpr = False, SPLIT: tl.constexpr = False):
     """One program per (chunk, value head): [q/k l2-norm,] cumsum, A, T = (I + A)^-1 and W/U for that chunk.
 
     A, W and U are whole-chunk tensor-core dots; the solve works on 16x16 blocks (see _solve), so no 64x64 fp32
@@ -395,10 +393,6 @@ def prologue_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, qn_ptr, kn_ptr, gcum_p
     SPLIT (W and U without rounded operands): W = T diag(beta exp(G)) K and U = T diag(beta) V are formed as the
     fp32 T with the per-row factors scaled into its columns, split into two bf16 terms (_split_dot) and multiplied
     into the k and v rows as loaded, so neither T nor beta exp(G) K nor beta V is rounded to bf16.
-
-    TMA (whole-chunk solves): k and v are read and W and U written through tensor descriptors over the sequence's
-    rows (load_tile, store_tile: the same tiles and numbers). With pointer tiles the Hopper build holds every
-    element's 64-bit address and spills (docs/speed-notes.md item 31).
     """
     i_c, i_hv = tl.program_id(0), tl.program_id(1)
     i_n = tl.load(chunks_ptr + 2 * i_c)
@@ -425,15 +419,7 @@ def prologue_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, qn_ptr, kn_ptr, gcum_p
         _wy_by_blocks(k_ptr, kn_ptr, v_ptr, w_ptr, u_ptr, beta_ptr, lk_ptr, g_cum, bos + i_t * BT, eos, i_h, i_hv,
                       first, H, HV, K, V, KP, VP, NORM, FOLD, SPLIT)
     else:
-        kd, vd, wd, ud = None, None, None, None
-        if TMA:
-            n_rows = (eos - bos).to(tl.int32)
-            kd = sequence_rows(k_ptr + i_h * K, bos, n_rows, H * K, K, BT, KP)
-            vd = sequence_rows(v_ptr + i_hv * V, bos, n_rows, HV * V, V, BT, VP)
-            wd = sequence_rows(w_ptr + i_hv * K, bos, n_rows, HV * K, K, BT, KP)
-            ud = sequence_rows(u_ptr + i_hv * V, bos, n_rows, HV * V, V, BT, VP)
-        r0 = i_t * BT
-        kt = _keys(k_ptr + i_h * K, kn_ptr + i_h * K, rows, mrow, first, H * K, K, KP, NORM, True, kd, r0, TMA)
+        kt = _keys(k_ptr + i_h * K, kn_ptr + i_h * K, rows, mrow, first, H * K, K, KP, NORM, True)
         g_row, g_col = g_cum, g_cum  # the gates of A's rows (and W's operand) and of its columns
         if FOLD:
             log_k = tl.load(lk_ptr + rows * H + i_h, mask=mrow, other=0.0)
@@ -449,18 +435,18 @@ def prologue_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, qn_ptr, kn_ptr, gcum_p
 
         # k is loaded (and normalised) again rather than kept live across the solve: the form the H200 runs measured;
         # the Hopper build spills the same 848 B either way (docs/speed-notes.md).
-        kt = _keys(k_ptr + i_h * K, kn_ptr + i_h * K, rows, mrow, first, H * K, K, KP, NORM, False, kd, r0, TMA)
+        kt = _keys(k_ptr + i_h * K, kn_ptr + i_h * K, rows, mrow, first, H * K, K, KP, NORM, False)
         if SPLIT:
             w = _split_dot(t32 * (beta * tl.exp(g_row))[None, :], kt)
         else:
             w = tl.dot(t, (kt.to(tl.float32) * (beta * tl.exp(g_row))[:, None]).to(tl.bfloat16))
-        store_tile(w_ptr + i_hv * K, wd, rows, mrow, HV * K, r0, 0, w, KP, K, TMA)
-        vt = load_tile(v_ptr + i_hv * V, vd, rows, mrow, HV * V, r0, 0, VP, V, TMA)
+        store_rows(w_ptr + i_hv * K, rows, mrow, HV * K, 0, w, KP, K)
+        vt = load_rows(v_ptr + i_hv * V, rows, mrow, HV * V, 0, VP, V)
         if SPLIT:
             u = _split_dot(t32 * beta[None, :], vt)
         else:
             u = tl.dot(t, (vt.to(tl.float32) * beta[:, None]).to(tl.bfloat16))
-        store_tile(u_ptr + i_hv * V, ud, rows, mrow, HV * V, r0, 0, u, VP, V, TMA)
+        store_rows(u_ptr + i_hv * V, rows, mrow, HV * V, 0, u, VP, V)
 
 
 _PLANS: dict = {}
@@ -547,20 +533,17 @@ def log_norm(q: torch.Tensor, k: torch.Tensor, poison: bool = False) -> tuple[to
 def run_prologue(q, k, v, g, beta, plan: ChunkPlan, use_qk_l2norm: bool, poison: bool = False,
                  fuse_norm: bool = False, num_warps: int = 4, solve: str = SOLVE,
                  norm_q_in_output: bool = False, index64: bool | None = None, fold_norm: bool = False,
-                 split_wu: bool = False, tma: bool = False) -> Prologue:
+                 split_wu: bool = False) -> Prologue:
     """Launch the shared prologue on flattened `[tokens, heads, D]` tensors. The q/k l2-norm runs as two launches
     of l2norm_kernel (as the two-kernel pipeline does) or, with `fuse_norm`, inside the prologue kernel; with
     `norm_q_in_output` only k's runs here and q's is left to the output kernel (Prologue.norm_q). With `fold_norm`
     (two-kernel path only) q and k stay raw and the prologue folds their rows' log-norms (one launch of
     log_norm_kernel) into the gates (its FOLD). `split_wu`: W and U from unrounded operands (its SPLIT). `index64`:
-    int64 indices (None: where a buffer needs them). `tma`: k, v, W and U through tensor descriptors (the kernel's
-    TMA; the same numbers) where the buffers allow it (tma_ok); not with the "by_blocks" solve."""
+    int64 indices (None: where a buffer needs them)."""
     tokens, H, K = k.shape
     HV, V = v.shape[1], v.shape[2]
     dev = k.device
     fold = use_qk_l2norm and fold_norm
-    if tma and solve == "by_blocks":
-        raise ValueError("tma: takes a whole-chunk solve (blocks, tf32x3, ieee), not by_blocks")
     if fold and (fuse_norm or norm_q_in_output):
         raise ValueError("fold_norm: takes neither fuse_norm nor norm_q_in_output (the norm is folded, not applied)")
     g_q = alloc((tokens, HV), torch.float32, dev, poison) if fold else None
@@ -575,14 +558,11 @@ def run_prologue(q, k, v, g, beta, plan: ChunkPlan, use_qk_l2norm: bool, poison:
     g_cum = alloc((tokens, HV), torch.float32, dev, poison)
     w = alloc((tokens, HV, K), torch.bfloat16, dev, poison)
     u = alloc((tokens, HV, V), torch.bfloat16, dev, poison)
-    tma = tma and tma_ok(k, v, w, u)
-    if tma:
-        use_descriptors()
     if plan.n_chunks:
         launch(prologue_kernel, (plan.n_chunks, HV), q, k, v, g, beta, qn, kn, g_cum, w, u, plan.cu_seqlens,
                plan.chunks, g_q if fold else g_cum, g_k if fold else g_cum, log_norms[0] if fold else g_cum,
                log_norms[1] if fold else g_cum, H=H, HV=HV, K=K, V=V, KP=pow2(K),
                VP=pow2(V), BT=BT, NORM=norm_inside, SOLVE=solve, num_warps=num_warps, device=dev,
                I64=wide_index(q, v, w) if index64 is None else index64, FOLD=fold,
-               SPLIT=split_wu, TMA=tma)
+               SPLIT=split_wu)
     return Prologue(qn, kn, g_cum, w, u, norm_q, g_q, g_k)

@@ -9,8 +9,7 @@ import triton.language as tl
 from gdnlab.interp import launch
 from gdnlab.kernel_params import BT, cdiv, pow2
 from gdnlab.kernels.prologue import ChunkPlan, Prologue, alloc, wide_index
-from gdnlab.kernels.tiles import (absorb_all, as_index, gated_delta, chunk_output, inter_and_scores, load_tile,
-                                  sequence_rows, store_tile, tma_ok, use_descriptors,
+from gdnlab.kernels.tiles import (absorb_all, as_index, gated_delta, chunk_output, inter_and_scores,
                                   l2_norm_of_rows, load_rows, load_state, store_rows, store_state, w_times_h)
 
 
@@ -80,25 +79,14 @@ def fwd_h_kernel(k_ptr, u_ptr, w_ptr, gcum_ptr, h_ptr, vnew_ptr, h0_ptr, ht_ptr,
 
 
 @triton.jit
-def _h_tile(hb, hd, k0, v0, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, TMA: tl.constexpr):
-    """A chunk's bf16 [64, BV] state tile (K-first), through its descriptor `hd` with TMA."""
-    if TMA:
-        return hd.load([k0, v0])
-    else:
-        return load_state(hb, k0, v0, K, V, BV, False).to(tl.bfloat16)
-
-
-@triton.jit
 def fwd_o_kernel(q_ptr, k_ptr, vnew_ptr, gcum_ptr, h_ptr, o_ptr, cu_ptr, chunks_ptr, scale, gq_ptr, gk_ptr,
                  H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
                  BT: tl.constexpr, NORM_Q: tl.constexpr = False, KP: tl.constexpr = 64, I64: tl.constexpr = True,
-                 FOLD: tl.constexpr = False, TMA: tl.constexpr = False):
+                 FOLD: tl.constexpr = False):
     """One program per (V tile, chunk, value head): the chunk's output from its bf16 h and bf16 V_new. With NORM_Q
     it l2-normalises its q rows itself (KP: K padded to a power of two); with FOLD q and k are raw and the gates
     of Q.h's rows and Q.K^T's rows and columns are gq = G - log|q| and gk = G + log|k| (gq_ptr, gk_ptr: fp32
-    [tokens, HV]), which divide the products by the norms in fp32. With TMA the q, k, h and V_new tiles are read
-    and o written through tensor descriptors (load_tile, store_tile: the same tiles and numbers; docs/speed-notes.md
-    item 32)."""
+    [tokens, HV]), which divide the products by the norms in fp32."""
     i_v, i_c, i_hv = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_n = tl.load(chunks_ptr + 2 * i_c)
     i_t = tl.load(chunks_ptr + 2 * i_c + 1)
@@ -116,46 +104,36 @@ def fwd_o_kernel(q_ptr, k_ptr, vnew_ptr, gcum_ptr, h_ptr, o_ptr, cu_ptr, chunks_
     else:
         g_row = tl.load(gcum_ptr + rows * HV + i_hv, mask=mrow, other=0.0)
         g_col = g_row
-    qd, kd, hd, vd, od = None, None, None, None, None
-    r0 = i_t * BT
-    if TMA:
-        n_rows = (eos - bos).to(tl.int32)
-        qd = sequence_rows(qh, bos, n_rows, H * K, K, BT, 64)
-        kd = sequence_rows(kh, bos, n_rows, H * K, K, BT, 64)
-        hd = tl.make_tensor_descriptor(hb, shape=[K, V], strides=[V, 1], block_shape=[64, BV])
-        vd = sequence_rows(vnew_ptr + i_hv * V, bos, n_rows, HV * V, V, BT, BV)
-        od = sequence_rows(o_ptr + i_hv * V, bos, n_rows, HV * V, V, BT, BV)
     qn = tl.full([BT], 1.0, tl.float32)
     if NORM_Q:
         qn = l2_norm_of_rows(load_rows(qh, rows, mrow, H * K, 0, KP, K).to(tl.float32))
-    o_acc, sc = inter_and_scores(qh, kh, rows, mrow, H * K, 0, _h_tile(hb, hd, 0, v0, K, V, BV, TMA), K, qn,
-                                 NORM_Q, qd, kd, r0, TMA)
+    o_acc, sc = inter_and_scores(qh, kh, rows, mrow, H * K, 0, load_state(hb, 0, v0, K, V, BV, False).to(
+        tl.bfloat16), K, qn, NORM_Q)
     if K > 64:
-        oi, si = inter_and_scores(qh, kh, rows, mrow, H * K, 64, _h_tile(hb, hd, 64, v0, K, V, BV, TMA), K, qn,
-                                  NORM_Q, qd, kd, r0, TMA)
+        oi, si = inter_and_scores(qh, kh, rows, mrow, H * K, 64, load_state(hb, 64, v0, K, V, BV, False).to(
+            tl.bfloat16), K, qn, NORM_Q)
         o_acc, sc = o_acc + oi, sc + si
     if K > 128:
-        oi, si = inter_and_scores(qh, kh, rows, mrow, H * K, 128, _h_tile(hb, hd, 128, v0, K, V, BV, TMA), K, qn,
-                                  NORM_Q, qd, kd, r0, TMA)
+        oi, si = inter_and_scores(qh, kh, rows, mrow, H * K, 128, load_state(hb, 128, v0, K, V, BV, False).to(
+            tl.bfloat16), K, qn, NORM_Q)
         o_acc, sc = o_acc + oi, sc + si
     if K > 192:
-        oi, si = inter_and_scores(qh, kh, rows, mrow, H * K, 192, _h_tile(hb, hd, 192, v0, K, V, BV, TMA), K, qn,
-                                  NORM_Q, qd, kd, r0, TMA)
+        oi, si = inter_and_scores(qh, kh, rows, mrow, H * K, 192, load_state(hb, 192, v0, K, V, BV, False).to(
+            tl.bfloat16), K, qn, NORM_Q)
         o_acc, sc = o_acc + oi, sc + si
-    v_new = load_tile(vnew_ptr + i_hv * V, vd, rows, mrow, HV * V, r0, v0, BV, V, TMA)
+    v_new = load_rows(vnew_ptr + i_hv * V, rows, mrow, HV * V, v0, BV, V)
     out = chunk_output(o_acc, sc, g_row, g_col, rows, mrow, v_new, scale)
-    store_tile(o_ptr + i_hv * V, od, rows, mrow, HV * V, r0, v0, out, BV, V, TMA)
+    store_rows(o_ptr + i_hv * V, rows, mrow, HV * V, v0, out, BV, V)
 
 
 def two_kernel(pro: Prologue, v: torch.Tensor, o: torch.Tensor, plan: ChunkPlan, initial_state, ht, scale: float,
                state_v_first: bool, BV: int = 64, poison: bool = False, num_warps: int = 4,
                num_stages: int | None = None, out_BV: int | None = None, out_warps: int | None = None,
-               out_stages: int | None = None, index64: bool | None = None, out_tma: bool = False) -> None:
+               out_stages: int | None = None, index64: bool | None = None) -> None:
     """State kernel then output kernel on flattened tensors; writes o and (if given) ht. `BV`, `num_warps` and
     `num_stages` configure the state kernel, and the output kernel too unless its `out_*` options are given
     (None: Triton's default stages). The output kernel l2-normalises q when the prologue left that to it
-    (pro.norm_q). `index64`: int64 indices (None: where a buffer needs them). `out_tma`: the output kernel's tiles
-    through tensor descriptors (its TMA; the same numbers) where the buffers allow it (tma_ok)."""
+    (pro.norm_q). `index64`: int64 indices (None: where a buffer needs them)."""
     tokens, H, K = pro.k.shape
     HV, V = v.shape[1], v.shape[2]
     N = plan.cu_seqlens.numel() - 1
@@ -175,12 +153,8 @@ def two_kernel(pro: Prologue, v: torch.Tensor, o: torch.Tensor, plan: ChunkPlan,
            STORE_HT=ht is not None, STATE_V_FIRST=state_v_first, BT=BT, I64=i64, FOLD=fold, num_warps=num_warps,
            device=dev,
            **({} if num_stages is None else dict(num_stages=num_stages)))
-    out_tma = out_tma and tma_ok(pro.q, pro.k, v_new, h, o)
-    if out_tma:
-        use_descriptors()
     if plan.n_chunks:
         launch(fwd_o_kernel, (cdiv(V, out_BV), plan.n_chunks, HV), pro.q, pro.k, v_new, pro.g_cum, h, o,
                plan.cu_seqlens, plan.chunks, scale, gq, gk, H=H, HV=HV, K=K, V=V, BV=out_BV, BT=BT,
-               NORM_Q=pro.norm_q, I64=i64, KP=pow2(K), FOLD=fold, TMA=out_tma, num_warps=out_warps,
-               device=dev,
+               NORM_Q=pro.norm_q, I64=i64, KP=pow2(K), FOLD=fold, num_warps=out_warps, device=dev,
                **({} if out_stages is None else dict(num_stages=out_stages)))
