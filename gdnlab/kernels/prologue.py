@@ -134,11 +134,15 @@ def _join4(x0, x1, x2, x3):
 
 @triton.jit
 def _blocks_moved(a):
-    """All sixteen 16x16 blocks of a 64x64 matrix by reshapes, a permute and splits (no arithmetic), as four
-    column-block tuples."""
+    """The ten 16x16 blocks on and below the diagonal of a 64x64 matrix, column by column (a00, a10, a20, a30,
+    a11, ..., a33), by reshapes, a permute and splits (no arithmetic)."""
     a6 = tl.reshape(tl.permute(tl.reshape(a, [4, 16, 4, 16]), (1, 3, 0, 2)), [16, 16, 2, 2, 2, 2])
     c0, c1, c2, c3 = _split4(a6)  # column blocks j, each [16, 16, 2, 2] over (i1, i0)
-    return _split4(c0), _split4(c1), _split4(c2), _split4(c3)
+    a00, a10, a20, a30 = _split4(c0)
+    _, a11, a21, a31 = _split4(c1)
+    _, _, a22, a32 = _split4(c2)
+    _, _, _, a33 = _split4(c3)
+    return a00, a10, a20, a30, a11, a21, a31, a22, a32, a33
 
 
 @triton.jit
@@ -209,7 +213,7 @@ def _solve(a, BT: tl.constexpr, SOLVE: tl.constexpr):
 @triton.jit
 def _solve_moved(a, BT: tl.constexpr):
     """_solve's "moves"."""
-    (a00, a10, a20, a30), (a01, a11, a21, a31), (a02, a12, a22, a32), (a03, a13, a23, a33) = _blocks_moved(a)
+    a00, a10, a20, a30, a11, a21, a31, a22, a32, a33 = _blocks_moved(a)
     t00, t11, t22, t33 = _unstack4(_inv_stack_raw(_stack4(a00, a11, a22, a33)))
     t10, t20, t21, t30, t31, t32 = _off_diagonal(t00, t11, t22, t33, a10, a20, a21, a30, a31, a32)
     return _assemble(t00, t10, t20, t30, t11, t21, t31, t22, t32, t33, BT)
