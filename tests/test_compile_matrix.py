@@ -333,3 +333,34 @@ def test_builds_take_the_arguments_the_wrapper_passes(kernel):
         assert {k: spec.constexprs[k] for k in ("DOWNCAST", "INTRA_VNEW")} == FUSED_VARIANTS[kernel].constexprs
     elif "FOLD" in params:
         assert spec.constexprs["FOLD"] is ds.TWO_KERNEL_BUILDS[kernel].options.get("fold_norm", False)
+
+
+# ---- what the device's Triton can parse -------------------------------------------------------------------------
+
+def _flat_target(t) -> bool:
+    import ast
+    return isinstance(t, (ast.Name, ast.Attribute, ast.Subscript)) or (
+        isinstance(t, ast.Tuple) and all(isinstance(e, ast.Name) for e in t.elts))
+
+
+def test_kernel_assignments_are_flat_for_triton_3_6():
+    """Every @triton.jit function assigns to names or flat tuples of names. Triton 3.6 (the H200's) hashes a
+    kernel's source through a dependency finder that takes each assignment target as a set of names, and a nested
+    tuple target fails the kernel's first launch there (docs/speed-notes.md item 34), though later Tritons accept it."""
+    import ast
+    import importlib
+    import inspect
+    import pkgutil
+
+    import gdnlab.kernels as kernels
+    from triton.runtime.jit import JITFunction
+    nested, seen = [], 0
+    for m in pkgutil.iter_modules(kernels.__path__):
+        mod = importlib.import_module(f"gdnlab.kernels.{m.name}")
+        for name, fn in vars(mod).items():
+            if isinstance(fn, JITFunction) and fn.__module__ == mod.__name__:
+                seen += 1
+                for node in ast.walk(ast.parse(inspect.getsource(fn.fn))):
+                    targets = node.targets if isinstance(node, ast.Assign) else []
+                    nested += [f"{m.name}.{name}: line {node.lineno}" for t in targets if not _flat_target(t)]
+    assert seen > 30 and not nested, nested
