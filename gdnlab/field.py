@@ -130,7 +130,7 @@ def peers_conform(conf: pd.DataFrame, peers: tuple[str, ...] = PEER_NAMES) -> Fi
         raise _fail(f"{len(bad)} peer case(s) fail: " + ", ".join(f"{r.backend}/{r.case}" for r in bad.itertuples()),
                     bad[["backend", "case", "out_max_abs", "state_max_abs", "error"]].to_dict("records"))
     worst = d.groupby("backend").out_max_abs.max()
-    return Finding(f"Every peer ({', '.join(peers)}) passes all {d.case.nunique()} cases: outputs and states in "
+    return Finding(f"Each of {', '.join(peers)} passes all {d.case.nunique()} cases: outputs and states in "
                    f"budget, every element written, padding zero, inputs unchanged (worst output error "
                    + ", ".join(f"{b} {v:.2e}" for b, v in worst.items()) + ").", worst.to_dict())
 
