@@ -1,7 +1,8 @@
 """The prologue alone with fast's l2-norm handling (folded into the gates), per way of forming T and num_warps: its
 time (graph replay, so that the launches' host time is left out) and the largest difference of its outputs from
 the default solve at the same warps (0: bit-equal). The forms: the default block substitution on a whole-chunk A
-("blocks"), the same with register moves ("moves"), by_blocks, and "identity" (no solve, T = I: a timing study's
+("blocks"), the same with register moves ("moves"), with the diagonal blocks inverted by products
+("doubling"), by_blocks, and "identity" (no solve, T = I: a timing study's
 form with wrong numbers, what the rest of the prologue costs). Earlier runs timed the other norm handlings
 (docs/speed-notes.md items 30 and 34)."""
 from __future__ import annotations
@@ -18,7 +19,7 @@ OUTPUT = "prologue_variants.csv"
 NORMS = {"fold": (False, True, False)}
 #: The forms timed after the default (their baseline; tf32x3 and ieee lost 1.9-6.7x to the blocks in
 #: 2026-12-02T1654-prologue).
-OTHERS = ("moves", "by_blocks", "identity")
+OTHERS = ("moves", "doubling", "by_blocks", "identity")
 
 
 def run(ctx: Context) -> pd.DataFrame:

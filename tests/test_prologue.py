@@ -80,7 +80,7 @@ def test_norm_inside_without_l2norm():
     assert torch.equal(of, o3) and torch.equal(hf, h3) and torch.equal(hf, h2)
 
 
-@pytest.mark.parametrize("solve,opts", [("tf32x3", {}), ("ieee", {}), ("by_blocks", {}),
+@pytest.mark.parametrize("solve,opts", [("tf32x3", {}), ("ieee", {}), ("doubling", {}), ("by_blocks", {}),
                                         ("by_blocks", dict(fold_norm=True, split_wu=True)),
                                         ("by_blocks", dict(fuse_norm=True))])
 def test_other_solves_stay_within_bf16_of_the_blocks(solve, opts):
