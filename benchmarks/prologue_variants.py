@@ -1,10 +1,9 @@
 """The prologue alone with fast's l2-norm handling (folded into the gates), per way of forming T and num_warps: its
 time (graph replay, so that the launches' host time is left out) and the largest difference of its outputs from
 the default solve at the same warps (0: bit-equal). The forms: the default block substitution on a whole-chunk A
-("blocks"), the same with register moves ("moves"), with the diagonal blocks inverted by products
-("doubling"), by_blocks, and "identity" (no solve, T = I: a timing study's
-form with wrong numbers, what the rest of the prologue costs). Earlier runs timed the other norm handlings
-(docs/speed-notes.md items 30 and 34)."""
+("blocks"), the same with register moves ("moves"), with the diagonal blocks inverted by products ("doubling"),
+by_blocks, and "identity" (no solve, T = I: a timing study's form with wrong numbers, what the rest of the
+prologue costs). Earlier runs timed the other norm handlings (docs/speed-notes.md items 30, 34 and 35)."""
 from __future__ import annotations
 
 import pandas as pd
