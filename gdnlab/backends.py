@@ -37,12 +37,14 @@ def _triton(path: str, by_size: Callable[[int, int, int], dict[str, Any]] | None
             **defaults: Any) -> Backend:
     """A backend that runs the lab's Triton kernels through gdnlab.kernels.pipeline: `path` is "two_kernel" or "fused".
     Every path takes the prologue's options too: `prologue_warps` (its num_warps), `prologue_solve` (how T is
-    formed: gdnlab.kernels.prologue.SOLVES) and `fuse_norm` (the q/k l2-norm inside the prologue instead of two
-    launches of its own). The two-kernel path also takes `norm_q_in_output` (q's l2-norm inside the output kernel:
-    one launch and one pass over q fewer), `index64` (int64 indices in its kernels; default: only where a buffer
-    has 2^31 elements or more), `fold_norm` (q and k never rounded after normalising: their norms are folded into
-    the gates in fp32; docs/speed-notes.md items 27 and 29) and `split_wu` (W and U formed from T and the raw k and
-    v rows with no operand rounded to bf16; item 29).
+    formed: gdnlab.kernels.prologue.SOLVES), `prologue_programs` and `prologue_stages` (about that many programs
+    per value head, each looping over a run of chunks that many stages deep; 0: one program per chunk),
+    `prologue_tma` (k, v, W and U through tensor descriptors) and `fuse_norm` (the q/k l2-norm inside the prologue
+    instead of two launches of its own). The two-kernel path also takes `norm_q_in_output` (q's l2-norm inside the
+    output kernel: one launch and one pass over q fewer), `index64` (int64 indices in its kernels; default: only
+    where a buffer has 2^31 elements or more), `fold_norm` (q and k never rounded after normalising: their norms
+    are folded into the gates in fp32; docs/speed-notes.md items 27 and 29) and `split_wu` (W and U formed from T
+    and the raw k and v rows with no operand rounded to bf16; item 29).
     `by_size(programs, walkers, sms)` gives defaults that depend on the call: programs = chunks x value heads (the
     prologue's grid), walkers = the state kernel's programs (sequences x value heads x V tiles), sms = the device's
     multiprocessors. Options passed to the call override both."""
@@ -69,7 +71,8 @@ def _triton(path: str, by_size: Callable[[int, int, int], dict[str, Any]] | None
             walkers = p.N * p.HV * -(-p.V // walk_bv) if walk_bv in STATE_BVS else 0  # else refused below
             sized = by_size(x.plan.n_chunks * p.HV, walkers, multiprocessors(x.q.device))
         opts = {**defaults, **sized, **options}
-        allowed = {"BV", "poison", "num_warps", "num_stages", "prologue_warps", "prologue_solve", "fuse_norm"} | (
+        allowed = {"BV", "poison", "num_warps", "num_stages", "prologue_warps", "prologue_solve",
+                   "prologue_programs", "prologue_stages", "prologue_tma", "fuse_norm"} | (
             {"downcast", "intra_vnew"} if path == "fused" else {"out_BV", "out_warps", "out_stages", "norm_q_in_output",
                                                                  "index64", "fold_norm", "split_wu"})
         unknown = set(opts) - allowed
@@ -94,7 +97,10 @@ def _triton(path: str, by_size: Callable[[int, int, int], dict[str, Any]] | None
                                 solve=opts.pop("prologue_solve", SOLVE),
                                 norm_q_in_output=bool(opts.pop("norm_q_in_output", False)),
                                 index64=opts.get("index64"), fold_norm=fold,
-                                split_wu=bool(opts.pop("split_wu", False)))
+                                split_wu=bool(opts.pop("split_wu", False)),
+                                programs=int(opts.pop("prologue_programs", 0)),
+                                stages=int(opts.pop("prologue_stages", 2)),
+                                tma=bool(opts.pop("prologue_tma", False)))
         return pipeline.state_and_outputs(x, pro, path, output_final_state=output_final_state,
                                           state_v_first=p.state_v_first, BV=bv, poison=poison, **opts)
 

@@ -7,7 +7,7 @@ BT is gdnlab.kernel_params.BT.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import triton
@@ -15,7 +15,8 @@ import triton.language as tl
 
 from gdnlab.interp import launch
 from gdnlab.kernel_params import BT, cdiv, pow2
-from gdnlab.kernels.tiles import as_index, l2_norm_of_rows, load_rows, store_rows
+from gdnlab.kernels.tiles import (as_index, l2_norm_of_rows, load_rows, load_tile, sequence_rows, store_rows,
+                                  store_tile, tma_ok, use_descriptors)
 
 #: How the prologue finishes T = (I + A)^-1 after its 16x16 diagonal blocks (see _solve).
 SOLVE = "blocks"
@@ -62,11 +63,11 @@ def log_norm_kernel(q_ptr, k_ptr, lq_ptr, lk_ptr, n_rows, D: tl.constexpr, BD: t
 
 @triton.jit
 def _keys(src_ptr, dst_ptr, rows, mrow, first, stride, D: tl.constexpr, DP: tl.constexpr, NORM: tl.constexpr,
-          STORE: tl.constexpr):
-    """A [BT, DP] tile of q or k. With NORM it is l2-normalised in fp32 and
+          STORE: tl.constexpr, desc=None, r0=0, TMA: tl.constexpr = False):
+    """A [BT, DP] tile of q or k (through `desc` with TMA: load_tile). With NORM it is l2-normalised in fp32 and
     rounded to the input dtype, exactly as l2norm_kernel does, and (STORE) stored for the later kernels by the value
     head with first == 0."""
-    x = load_rows(src_ptr, rows, mrow, stride, 0, DP, D)
+    x = load_tile(src_ptr, desc, rows, mrow, stride, r0, 0, DP, D, TMA)
     if NORM:
         x = _l2_normalised(x).to(x.dtype)
         if STORE:
@@ -404,9 +405,11 @@ def _wy_by_blocks(k_ptr, kn_ptr, v_ptr, w_ptr, u_ptr, beta_ptr, lk_ptr, g_cum, r
 
 @triton.jit
 def prologue_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, qn_ptr, kn_ptr, gcum_ptr, w_ptr, u_ptr, cu_ptr, chunks_ptr,
-                    gq_ptr, gk_ptr, lq_ptr, lk_ptr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                    KP: tl.constexpr, VP: tl.constexpr, BT: tl.constexpr, NORM: tl.constexpr, SOLVE: tl.constexpr,
-                    I64: tl.constexpr = True, FOLD: tl.constexpr = False, SPLIT: tl.constexpr = False):
+                    gq_ptr, gk_ptr, lq_ptr, lk_ptr, seg_ptr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
+                    V: tl.constexpr, KP: tl.constexpr, VP: tl.constexpr, BT: tl.constexpr, NORM: tl.constexpr,
+                    SOLVE: tl.constexpr, I64: tl.constexpr = True, FOLD: tl.constexpr = False,
+                    SPLIT: tl.constexpr = False, LOOP: tl.constexpr = False, LOOP_STAGES: tl.constexpr = 2,
+                    TMA: tl.constexpr = False):
     """One program per (chunk, value head): [q/k l2-norm,] cumsum, A, T = (I + A)^-1 and W/U for that chunk.
 
     A, W and U are whole-chunk tensor-core dots; the solve works on 16x16 blocks (see _solve), so no 64x64 fp32
@@ -422,11 +425,41 @@ def prologue_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, qn_ptr, kn_ptr, gcum_p
     fp32 T with the per-row factors scaled into its columns, split into two bf16 terms (_split_dot) and multiplied
     into the k and v rows as loaded, so neither T nor beta exp(G) K nor beta V is rounded to bf16.
     """
-    i_c, i_hv = tl.program_id(0), tl.program_id(1)
-    i_n = tl.load(chunks_ptr + 2 * i_c)
-    i_t = tl.load(chunks_ptr + 2 * i_c + 1)
+    i_hv = tl.program_id(1)
+    i_h = i_hv // (HV // H)
+    if LOOP:
+        i_n = tl.load(seg_ptr + 3 * tl.program_id(0))
+        t0 = tl.load(seg_ptr + 3 * tl.program_id(0) + 1)
+        t1 = tl.load(seg_ptr + 3 * tl.program_id(0) + 2)
+    else:
+        i_n = tl.load(chunks_ptr + 2 * tl.program_id(0))
+        t0 = tl.load(chunks_ptr + 2 * tl.program_id(0) + 1)
+        t1 = t0 + 1
     bos = as_index(tl.load(cu_ptr + i_n), I64)
     eos = as_index(tl.load(cu_ptr + i_n + 1), I64)
+    kd, vd, wd, ud = None, None, None, None
+    if TMA:
+        n_rows = (eos - bos).to(tl.int32)
+        kd = sequence_rows(k_ptr + i_h * K, bos, n_rows, H * K, K, BT, KP)
+        vd = sequence_rows(v_ptr + i_hv * V, bos, n_rows, HV * V, V, BT, VP)
+        wd = sequence_rows(w_ptr + i_hv * K, bos, n_rows, HV * K, K, BT, KP)
+        ud = sequence_rows(u_ptr + i_hv * V, bos, n_rows, HV * V, V, BT, VP)
+    if LOOP:
+        for i_t in tl.range(t0, t1, num_stages=LOOP_STAGES):
+            _prologue_chunk(bos, eos, i_t, i_hv, kd, vd, wd, ud, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, qn_ptr, kn_ptr,
+                            gcum_ptr, w_ptr, u_ptr, gq_ptr, gk_ptr, lq_ptr, lk_ptr, H, HV, K, V, KP, VP, BT, NORM,
+                            SOLVE, FOLD, SPLIT, TMA)
+    else:
+        _prologue_chunk(bos, eos, t0, i_hv, kd, vd, wd, ud, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, qn_ptr, kn_ptr,
+                        gcum_ptr, w_ptr, u_ptr, gq_ptr, gk_ptr, lq_ptr, lk_ptr, H, HV, K, V, KP, VP, BT, NORM, SOLVE,
+                        FOLD, SPLIT, TMA)
+
+@triton.jit
+def _prologue_chunk(bos, eos, i_t, i_hv, kd, vd, wd, ud, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, qn_ptr, kn_ptr, gcum_ptr,
+                    w_ptr, u_ptr, gq_ptr, gk_ptr, lq_ptr, lk_ptr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
+                    V: tl.constexpr, KP: tl.constexpr, VP: tl.constexpr, BT: tl.constexpr, NORM: tl.constexpr,
+                    SOLVE: tl.constexpr, FOLD: tl.constexpr, SPLIT: tl.constexpr, TMA: tl.constexpr):
+    """prologue_kernel's work for chunk i_t of the sequence in rows bos..eos, value head i_hv."""
     i_h = i_hv // (HV // H)
     first = i_hv % (HV // H)  # 0 on the value head that stores the normalised q and k
     r = tl.arange(0, BT)
@@ -447,7 +480,8 @@ def prologue_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, qn_ptr, kn_ptr, gcum_p
         _wy_by_blocks(k_ptr, kn_ptr, v_ptr, w_ptr, u_ptr, beta_ptr, lk_ptr, g_cum, bos + i_t * BT, eos, i_h, i_hv,
                       first, H, HV, K, V, KP, VP, NORM, FOLD, SPLIT)
     else:
-        kt = _keys(k_ptr + i_h * K, kn_ptr + i_h * K, rows, mrow, first, H * K, K, KP, NORM, True)
+        r0 = i_t * BT
+        kt = _keys(k_ptr + i_h * K, kn_ptr + i_h * K, rows, mrow, first, H * K, K, KP, NORM, True, kd, r0, TMA)
         g_row, g_col = g_cum, g_cum  # the gates of A's rows (and W's operand) and of its columns
         if FOLD:
             log_k = tl.load(lk_ptr + rows * H + i_h, mask=mrow, other=0.0)
@@ -463,18 +497,18 @@ def prologue_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, qn_ptr, kn_ptr, gcum_p
 
         # k is loaded (and normalised) again rather than kept live across the solve: the form the H200 runs measured;
         # the Hopper build spills the same 848 B either way (docs/speed-notes.md).
-        kt = _keys(k_ptr + i_h * K, kn_ptr + i_h * K, rows, mrow, first, H * K, K, KP, NORM, False)
+        kt = _keys(k_ptr + i_h * K, kn_ptr + i_h * K, rows, mrow, first, H * K, K, KP, NORM, False, kd, r0, TMA)
         if SPLIT:
             w = _split_dot(t32 * (beta * tl.exp(g_row))[None, :], kt)
         else:
             w = tl.dot(t, (kt.to(tl.float32) * (beta * tl.exp(g_row))[:, None]).to(tl.bfloat16))
-        store_rows(w_ptr + i_hv * K, rows, mrow, HV * K, 0, w, KP, K)
-        vt = load_rows(v_ptr + i_hv * V, rows, mrow, HV * V, 0, VP, V)
+        store_tile(w_ptr + i_hv * K, wd, rows, mrow, HV * K, r0, 0, w, KP, K, TMA)
+        vt = load_tile(v_ptr + i_hv * V, vd, rows, mrow, HV * V, r0, 0, VP, V, TMA)
         if SPLIT:
             u = _split_dot(t32 * beta[None, :], vt)
         else:
             u = tl.dot(t, (vt.to(tl.float32) * beta[:, None]).to(tl.bfloat16))
-        store_rows(u_ptr + i_hv * V, rows, mrow, HV * V, 0, u, VP, V)
+        store_tile(u_ptr + i_hv * V, ud, rows, mrow, HV * V, r0, 0, u, VP, V, TMA)
 
 
 _PLANS: dict = {}
@@ -488,6 +522,17 @@ class ChunkPlan:
     chunks: torch.Tensor  # int32 [NC, 2]
     chunk_offsets: torch.Tensor  # int32 [N+1]: first global chunk of each sequence
     n_chunks: int
+    seq_chunks: tuple[int, ...] = ()  # chunks of each sequence, on the host
+    _segments: dict = field(default_factory=dict, repr=False)
+
+    def segments(self, per: int) -> torch.Tensor:
+        """Every sequence's chunks cut into runs of at most `per`, as int32 rows (sequence, first chunk, end chunk),
+        made once per `per` (a looping prologue's programs) from host data (no copy back from the device)."""
+        if per not in self._segments:
+            rows = [(n, t, min(t + per, nt)) for n, nt in enumerate(self.seq_chunks) for t in range(0, nt, per)]
+            self._segments[per] = torch.tensor(rows or [(0, 0, 0)], dtype=torch.int32,
+                                               device=self.chunks.device).reshape(-1, 3)
+        return self._segments[per]
 
     @classmethod
     def build(cls, bounds: list[tuple[int, int]], device: torch.device) -> "ChunkPlan":
@@ -502,15 +547,16 @@ class ChunkPlan:
 
     @classmethod
     def _build(cls, bounds: list[tuple[int, int]], device: torch.device) -> "ChunkPlan":
-        pairs, offsets = [], [0]
+        pairs, offsets, counts = [], [0], []
         for n, (bos, eos) in enumerate(bounds):
             nt = -(-(eos - bos) // BT)
             pairs += [(n, i) for i in range(nt)]
             offsets.append(offsets[-1] + nt)
+            counts.append(nt)
         cu = [b for b, _ in bounds] + [bounds[-1][1]] if bounds else [0]
         chunks = torch.tensor(pairs or [(0, 0)], dtype=torch.int32, device=device).reshape(-1, 2)
         return cls(torch.tensor(cu, dtype=torch.int32, device=device), chunks,
-                   torch.tensor(offsets, dtype=torch.int32, device=device), len(pairs))
+                   torch.tensor(offsets, dtype=torch.int32, device=device), len(pairs), tuple(counts))
 
 
 @dataclass
@@ -561,13 +607,20 @@ def log_norm(q: torch.Tensor, k: torch.Tensor, poison: bool = False) -> tuple[to
 def run_prologue(q, k, v, g, beta, plan: ChunkPlan, use_qk_l2norm: bool, poison: bool = False,
                  fuse_norm: bool = False, num_warps: int = 4, solve: str = SOLVE,
                  norm_q_in_output: bool = False, index64: bool | None = None, fold_norm: bool = False,
-                 split_wu: bool = False) -> Prologue:
+                 split_wu: bool = False, programs: int = 0, stages: int = 2, tma: bool = False) -> Prologue:
     """Launch the shared prologue on flattened `[tokens, heads, D]` tensors. The q/k l2-norm runs as two launches
     of l2norm_kernel (as the two-kernel pipeline does) or, with `fuse_norm`, inside the prologue kernel; with
     `norm_q_in_output` only k's runs here and q's is left to the output kernel (Prologue.norm_q). With `fold_norm`
     (two-kernel path only) q and k stay raw and the prologue folds their rows' log-norms (one launch of
     log_norm_kernel) into the gates (its FOLD). `split_wu`: W and U from unrounded operands (its SPLIT). `index64`:
-    int64 indices (None: where a buffer needs them)."""
+    int64 indices (None: where a buffer needs them). `programs`: 0 launches one program per chunk and value head;
+    more, about that many per value head, each looping over a run of one sequence's chunks `stages` deep (the
+    kernel's LOOP). `tma`: k, v, W and U through tensor descriptors where the buffers allow it (tma_ok; its TMA;
+    not with the "by_blocks" solve). The same numbers in every case."""
+    if programs < 0 or stages < 1:
+        raise ValueError(f"programs, stages: need programs >= 0 and stages >= 1, got {programs!r}, {stages!r}")
+    if tma and solve == "by_blocks":
+        raise ValueError("tma: takes a whole-chunk solve, not by_blocks")
     tokens, H, K = k.shape
     HV, V = v.shape[1], v.shape[2]
     dev = k.device
@@ -586,10 +639,16 @@ def run_prologue(q, k, v, g, beta, plan: ChunkPlan, use_qk_l2norm: bool, poison:
     g_cum = alloc((tokens, HV), torch.float32, dev, poison)
     w = alloc((tokens, HV, K), torch.bfloat16, dev, poison)
     u = alloc((tokens, HV, V), torch.bfloat16, dev, poison)
+    tma = tma and tma_ok(k, v, w, u)
+    if tma:
+        use_descriptors()
     if plan.n_chunks:
-        launch(prologue_kernel, (plan.n_chunks, HV), q, k, v, g, beta, qn, kn, g_cum, w, u, plan.cu_seqlens,
-               plan.chunks, g_q if fold else g_cum, g_k if fold else g_cum, log_norms[0] if fold else g_cum,
-               log_norms[1] if fold else g_cum, H=H, HV=HV, K=K, V=V, KP=pow2(K),
+        segs = plan.segments(-(-plan.n_chunks // programs)) if 0 < programs < plan.n_chunks else None
+        launch(prologue_kernel, (plan.n_chunks if segs is None else segs.shape[0], HV), q, k, v, g, beta, qn, kn,
+               g_cum, w, u, plan.cu_seqlens, plan.chunks, g_q if fold else g_cum, g_k if fold else g_cum,
+               log_norms[0] if fold else g_cum, log_norms[1] if fold else g_cum,
+               plan.chunks if segs is None else segs, H=H, HV=HV, K=K, V=V, KP=pow2(K), LOOP=segs is not None,
+               LOOP_STAGES=stages, TMA=tma,
                VP=pow2(V), BT=BT, NORM=norm_inside, SOLVE=solve, num_warps=num_warps, device=dev,
                I64=wide_index(q, v, w) if index64 is None else index64, FOLD=fold,
                SPLIT=split_wu)

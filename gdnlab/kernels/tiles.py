@@ -3,6 +3,7 @@
 Token buffers are row-major over flattened tokens: row `t` of head `h` of a `[tokens, heads, D]` tensor starts at
 `(t * heads + h) * D`. Callers pass `ptr` already offset to the head and `stride = heads * D`.
 """
+import torch
 import triton
 import triton.language as tl
 
@@ -28,6 +29,53 @@ def load_rows(ptr, rows, mrow, stride, col0, NCOL: tl.constexpr, COLS: tl.conste
     """A [rows, NCOL] tile starting at column col0; masked rows and columns past COLS read as zero."""
     c = col0 + tl.arange(0, NCOL)
     return tl.load(ptr + rows[:, None] * stride + c[None, :], mask=mrow[:, None] & (c[None, :] < COLS), other=0.0)
+
+
+@triton.jit
+def load_tile(ptr, desc, rows, mrow, stride, r0, col0, NCOL: tl.constexpr, COLS: tl.constexpr, TMA: tl.constexpr):
+    """load_rows, or with TMA the same tile through `desc`, a tensor descriptor over the sequence's rows (r0: the
+    tile's first row within them). A descriptor reads zeros outside its shape, as load_rows's masks do, so both
+    give the same tile; on Hopper it is a TMA copy, and the tile's addresses are never held in registers."""
+    if TMA:
+        return desc.load([r0, col0])
+    else:
+        return load_rows(ptr, rows, mrow, stride, col0, NCOL, COLS)
+
+
+@triton.jit
+def store_tile(ptr, desc, rows, mrow, stride, r0, col0, val, NCOL: tl.constexpr, COLS: tl.constexpr,
+               TMA: tl.constexpr):
+    """store_rows, or with TMA through `desc` (as load_tile): a descriptor skips what lies outside its shape, as
+    store_rows's masks do."""
+    if TMA:
+        desc.store([r0, col0], val.to(ptr.dtype.element_ty))
+    else:
+        store_rows(ptr, rows, mrow, stride, col0, val, NCOL, COLS)
+
+
+@triton.jit
+def sequence_rows(ptr, bos, n_rows, stride, COLS: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr):
+    """A tensor descriptor over one sequence's rows of a token buffer (`ptr` offset to the head, `n_rows` rows from
+    `bos`) in [BR, BC] blocks. TMA needs the rows' start and stride 16-byte aligned (tma_ok)."""
+    return tl.make_tensor_descriptor(ptr + bos * stride, shape=[n_rows, COLS], strides=[stride, 1],
+                                     block_shape=[BR, BC])
+
+
+def tma_ok(*rows: torch.Tensor) -> bool:
+    """Whether token buffers ``[tokens, heads, D]`` can be read through tensor descriptors: contiguous, their start
+    and each head's row 16-byte aligned (a TMA copy's requirement), and a Triton with device-side descriptors."""
+    return hasattr(tl, "make_tensor_descriptor") and all(
+        x.is_contiguous() and not x.data_ptr() % 16 and not (x.shape[-1] * x.element_size()) % 16 for x in rows)
+
+
+def _descriptor_memory(size: int, alignment: int, stream: int | None) -> torch.Tensor:
+    """Global memory for the descriptors a kernel builds on the device (Triton asks its allocator for it)."""
+    return torch.empty(size, dtype=torch.int8, device="cuda" if torch.cuda.is_available() else "cpu")
+
+
+def use_descriptors() -> None:
+    """Give Triton the allocator that kernels building tensor descriptors on the device need."""
+    triton.set_allocator(_descriptor_memory)
 
 
 @triton.jit
