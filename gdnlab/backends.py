@@ -43,8 +43,9 @@ def _triton(path: str, by_size: Callable[[int, int, int], dict[str, Any]] | None
     instead of two launches of its own). The two-kernel path also takes `norm_q_in_output` (q's l2-norm inside the
     output kernel: one launch and one pass over q fewer), `index64` (int64 indices in its kernels; default: only
     where a buffer has 2^31 elements or more), `fold_norm` (q and k never rounded after normalising: their norms
-    are folded into the gates in fp32; docs/speed-notes.md items 27 and 29) and `split_wu` (W and U formed from T
-    and the raw k and v rows with no operand rounded to bf16; item 29).
+    are folded into the gates in fp32; docs/speed-notes.md items 27 and 29), `split_wu` (W and U formed from T
+    and the raw k and v rows with no operand rounded to bf16; item 29), and `out_programs` and `out_tma` (the
+    output kernel looping over runs of chunks, its tiles through tensor descriptors: as the prologue's; item 39).
     `by_size(programs, walkers, sms)` gives defaults that depend on the call: programs = chunks x value heads (the
     prologue's grid), walkers = the state kernel's programs (sequences x value heads x V tiles), sms = the device's
     multiprocessors. Options passed to the call override both."""
@@ -74,7 +75,8 @@ def _triton(path: str, by_size: Callable[[int, int, int], dict[str, Any]] | None
         allowed = {"BV", "poison", "num_warps", "num_stages", "prologue_warps", "prologue_solve",
                    "prologue_programs", "prologue_stages", "prologue_tma", "fuse_norm"} | (
             {"downcast", "intra_vnew"} if path == "fused" else {"out_BV", "out_warps", "out_stages", "norm_q_in_output",
-                                                                 "index64", "fold_norm", "split_wu"})
+                                                                 "index64", "fold_norm", "split_wu",
+                                                                 "out_programs", "out_tma"})
         unknown = set(opts) - allowed
         if unknown:
             raise TypeError(f"options: {path} backend does not take {sorted(unknown)}; it takes {sorted(allowed)}")

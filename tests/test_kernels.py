@@ -227,3 +227,29 @@ def test_fold_norm_changes_only_calls_that_normalise_and_stays_in_budget():
         gdnlab.chunk_gated_delta_rule(**kw, backend="two_kernel", fold_norm=True, norm_q_in_output=True)
     with pytest.raises(TypeError, match="fold_norm"):
         gdnlab.chunk_gated_delta_rule(**kw, backend="fused_fixed", fold_norm=True)
+
+
+@pytest.mark.parametrize("kind", ["ragged", "k80"])
+def test_looping_kernels_with_descriptors_are_bit_equal(kind):
+    """Prologue and output programs that loop over runs of a sequence's chunks (prologue_programs, out_programs),
+    with their tiles through tensor descriptors (prologue_tma, out_tma) or not: output and state bit-equal to one
+    program per chunk, every element written. Ragged sequences (fast, the fold; runs cut at sequence ends) and a head's padded columns (K = 80
+    in 128-wide tiles, the norm inside the prologue) read as zeros and are never written."""
+    from gdnlab.interp import recorded_launches
+    if kind == "ragged":
+        kw, backend, opts = CASES_BY_NAME["var_pad_bf16_noh0"].inputs().kwargs(), "fast", {}
+    else:
+        kw = make_inputs(B=1, T=130, H=1, HV=2, K=80, V=32, regime="decay", seed=31, dtype=torch.bfloat16,
+                         state_dtype=torch.float32, use_qk_l2norm=True).kwargs()
+        backend, opts = "two_kernel", dict(fuse_norm=True)
+    kw["output_final_state"] = True
+    o, h = gdnlab.chunk_gated_delta_rule(**kw, backend=backend, **opts)
+    for tma in (False, True):
+        with recorded_launches(run=True) as got:
+            ot, ht = gdnlab.chunk_gated_delta_rule(**kw, backend=backend, poison=True, prologue_programs=2,
+                                                   prologue_stages=3, prologue_tma=tma, out_programs=2, out_tma=tma,
+                                                   **opts)
+        looped = {c.kernel.__name__: (c.kwargs["LOOP"], c.kwargs["TMA"]) for c in got if "LOOP" in c.kwargs}
+        assert looped == dict(prologue_kernel=(True, tma), fwd_o_kernel=(True, tma))
+        assert not ht.isnan().any() and torch.equal(ht, h)
+        assert torch.equal(ot.isnan(), o.isnan()) and torch.equal(ot.nan_to_num(), o.nan_to_num())

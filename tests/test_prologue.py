@@ -113,31 +113,6 @@ def test_moves_solve_is_bit_equal_to_the_blocks(opts):
 
 
 
-@pytest.mark.parametrize("kind", ["ragged", "k80"])
-def test_looping_prologue_with_descriptors_is_bit_equal(kind):
-    """Programs that loop over runs of a sequence's chunks (prologue_programs, prologue_stages), with the tiles
-    through tensor descriptors (prologue_tma) or not: output and state bit-equal to one program per chunk, every
-    element written. Ragged sequences (fast, the fold; runs cut at sequence ends) and a head's padded columns (K = 80
-    in 128-wide tiles, the norm inside the prologue) read as zeros and are never written."""
-    from gdnlab.interp import recorded_launches
-    if kind == "ragged":
-        kw, backend, opts = CASES_BY_NAME["var_pad_bf16_noh0"].inputs().kwargs(), "fast", {}
-    else:
-        kw = make_inputs(B=1, T=130, H=1, HV=2, K=80, V=32, regime="decay", seed=31, dtype=torch.bfloat16,
-                         state_dtype=torch.float32, use_qk_l2norm=True).kwargs()
-        backend, opts = "two_kernel", dict(fuse_norm=True)
-    kw["output_final_state"] = True
-    o, h = gdnlab.chunk_gated_delta_rule(**kw, backend=backend, **opts)
-    for tma in (False, True):
-        with recorded_launches(run=True) as got:
-            ot, ht = gdnlab.chunk_gated_delta_rule(**kw, backend=backend, poison=True, prologue_programs=2,
-                                                   prologue_stages=3, prologue_tma=tma, **opts)
-        pro = [c for c in got if c.kernel.__name__ == "prologue_kernel"]
-        assert len(pro) == 1 and pro[0].kwargs["LOOP"] and pro[0].kwargs["TMA"] == tma
-        assert not ht.isnan().any() and torch.equal(ht, h)
-        assert torch.equal(ot.isnan(), o.isnan()) and torch.equal(ot.nan_to_num(), o.nan_to_num())
-
-
 def test_chunk_plan_segments_cut_runs_at_sequence_ends():
     plan = ChunkPlan.build([(0, 300), (300, 310), (310, 450)], torch.device("cpu"))  # 5, 1 and 3 chunks
     assert plan.segments(2).tolist() == [[0, 0, 2], [0, 2, 4], [0, 4, 5], [1, 0, 1], [2, 0, 2], [2, 2, 3]]

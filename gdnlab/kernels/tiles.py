@@ -114,14 +114,15 @@ def store_state(base, k0, v0, val, K: tl.constexpr, V: tl.constexpr, BV: tl.cons
 
 @triton.jit
 def inter_and_scores(q_ptr, k_ptr, rows, mrow, sqk, k0, h, K: tl.constexpr, q_norm=1.0,
-                     NORM_Q: tl.constexpr = False):
+                     NORM_Q: tl.constexpr = False, qd=None, kd=None, r0=0, TMA: tl.constexpr = False):
     """Q.h (inter-chunk term, fp32) and Q.K^T (raw scores) for one 64-wide K tile. h is [64, BV], bf16 or fp32.
     With NORM_Q, q is read as given and divided by its rows' l2 norms `q_norm` (fp32, l2_norm_of_rows of the whole
-    row), then rounded back to q's dtype: the same numbers an l2-norm kernel would have stored."""
-    q = load_rows(q_ptr, rows, mrow, sqk, k0, 64, K)
+    row), then rounded back to q's dtype: the same numbers an l2-norm kernel would have stored. With TMA q and k
+    come through the descriptors qd and kd (load_tile)."""
+    q = load_tile(q_ptr, qd, rows, mrow, sqk, r0, k0, 64, K, TMA)
     if NORM_Q:
         q = (q.to(tl.float32) / q_norm[:, None]).to(q.dtype)
-    k = load_rows(k_ptr, rows, mrow, sqk, k0, 64, K)
+    k = load_tile(k_ptr, kd, rows, mrow, sqk, r0, k0, 64, K, TMA)
     return tl.dot(q.to(h.dtype), h, input_precision="ieee"), tl.dot(q, tl.trans(k))
 
 

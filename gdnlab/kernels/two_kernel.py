@@ -10,7 +10,8 @@ from gdnlab.interp import launch
 from gdnlab.kernel_params import BT, cdiv, pow2
 from gdnlab.kernels.prologue import ChunkPlan, Prologue, alloc, wide_index
 from gdnlab.kernels.tiles import (absorb_all, as_index, gated_delta, chunk_output, inter_and_scores,
-                                  l2_norm_of_rows, load_rows, load_state, store_rows, store_state, w_times_h)
+                                  l2_norm_of_rows, load_rows, load_state, load_tile, sequence_rows, store_rows,
+                                  store_state, store_tile, tma_ok, use_descriptors, w_times_h)
 
 
 @triton.jit
@@ -79,24 +80,74 @@ def fwd_h_kernel(k_ptr, u_ptr, w_ptr, gcum_ptr, h_ptr, vnew_ptr, h0_ptr, ht_ptr,
 
 
 @triton.jit
-def fwd_o_kernel(q_ptr, k_ptr, vnew_ptr, gcum_ptr, h_ptr, o_ptr, cu_ptr, chunks_ptr, scale, gq_ptr, gk_ptr,
-                 H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
-                 BT: tl.constexpr, NORM_Q: tl.constexpr = False, KP: tl.constexpr = 64, I64: tl.constexpr = True,
-                 FOLD: tl.constexpr = False):
-    """One program per (V tile, chunk, value head): the chunk's output from its bf16 h and bf16 V_new. With NORM_Q
-    it l2-normalises its q rows itself (KP: K padded to a power of two); with FOLD q and k are raw and the gates
-    of Q.h's rows and Q.K^T's rows and columns are gq = G - log|q| and gk = G + log|k| (gq_ptr, gk_ptr: fp32
-    [tokens, HV]), which divide the products by the norms in fp32."""
-    i_v, i_c, i_hv = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    i_n = tl.load(chunks_ptr + 2 * i_c)
-    i_t = tl.load(chunks_ptr + 2 * i_c + 1)
+def fwd_o_kernel(q_ptr, k_ptr, vnew_ptr, gcum_ptr, h_ptr, o_ptr, cu_ptr, chunks_ptr, scale, gq_ptr, gk_ptr, seg_ptr,
+                 offsets_ptr, n_chunks, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                 BV: tl.constexpr, BT: tl.constexpr, NORM_Q: tl.constexpr = False, KP: tl.constexpr = 64,
+                 I64: tl.constexpr = True, FOLD: tl.constexpr = False, LOOP: tl.constexpr = False,
+                 LOOP_STAGES: tl.constexpr = 2, TMA: tl.constexpr = False):
+    """The chunk's output from its bf16 h and bf16 V_new, per (V tile, chunk, value head): one program each, or with
+    LOOP one per (V tile, run of a sequence's chunks, value head) (seg_ptr: ChunkPlan.segments; offsets_ptr: the
+    sequences' first global chunks), looping LOOP_STAGES deep. With TMA q, k, h and V_new are read and o written
+    through tensor descriptors built once per program (as the prologue's TMA). With NORM_Q it l2-normalises its q
+    rows itself (KP: K padded to a power of two); with FOLD q and k are raw and the gates of Q.h's rows and Q.K^T's
+    rows and columns are gq = G - log|q| and gk = G + log|k| (gq_ptr, gk_ptr: fp32 [tokens, HV]), which divide the
+    products by the norms in fp32."""
+    i_v, i_hv = tl.program_id(0), tl.program_id(2)
+    if LOOP:
+        i_n = tl.load(seg_ptr + 3 * tl.program_id(1))
+        t0 = tl.load(seg_ptr + 3 * tl.program_id(1) + 1)
+        t1 = tl.load(seg_ptr + 3 * tl.program_id(1) + 2)
+        c0 = tl.load(offsets_ptr + i_n)
+    else:
+        i_n = tl.load(chunks_ptr + 2 * tl.program_id(1))
+        t0 = tl.load(chunks_ptr + 2 * tl.program_id(1) + 1)
+        t1 = t0 + 1
+        c0 = tl.program_id(1) - t0
     bos = as_index(tl.load(cu_ptr + i_n), I64)
     eos = as_index(tl.load(cu_ptr + i_n + 1), I64)
     i_h = i_hv // (HV // H)
+    qd, kd, hd, vd, od = None, None, None, None, None
+    if TMA:
+        n_rows = (eos - bos).to(tl.int32)
+        qd = sequence_rows(q_ptr + i_h * K, bos, n_rows, H * K, K, BT, 64)
+        kd = sequence_rows(k_ptr + i_h * K, bos, n_rows, H * K, K, BT, 64)
+        hd = tl.make_tensor_descriptor(h_ptr, shape=[n_chunks * HV, K, V], strides=[K * V, V, 1],
+                                       block_shape=[1, 64, BV])  # rows past K read as zeros
+        vd = sequence_rows(vnew_ptr + i_hv * V, bos, n_rows, HV * V, V, BT, BV)
+        od = sequence_rows(o_ptr + i_hv * V, bos, n_rows, HV * V, V, BT, BV)
+    if LOOP:
+        for i_t in tl.range(t0, t1, num_stages=LOOP_STAGES):
+            _output_chunk(bos, eos, i_t, c0 + i_t, i_v, i_hv, qd, kd, hd, vd, od, q_ptr, k_ptr, vnew_ptr, gcum_ptr,
+                          h_ptr, o_ptr, scale, gq_ptr, gk_ptr, H, HV, K, V, BV, BT, NORM_Q, KP, I64, FOLD, TMA)
+    else:
+        _output_chunk(bos, eos, t0, c0 + t0, i_v, i_hv, qd, kd, hd, vd, od, q_ptr, k_ptr, vnew_ptr, gcum_ptr, h_ptr,
+                      o_ptr, scale, gq_ptr, gk_ptr, H, HV, K, V, BV, BT, NORM_Q, KP, I64, FOLD, TMA)
+
+
+@triton.jit
+def _h_tile(hb, hd, state, k0, v0, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, TMA: tl.constexpr):
+    """A chunk's bf16 [64, BV] state tile (K-first) at K row k0, with TMA through the descriptor `hd` over every
+    state (`state`: chunk x HV + value head)."""
+    if TMA:
+        return tl.reshape(hd.load([state, k0, v0]), [64, BV])
+    else:
+        return load_state(hb, k0, v0, K, V, BV, False).to(tl.bfloat16)
+
+
+@triton.jit
+def _output_chunk(bos, eos, i_t, i_c, i_v, i_hv, qd, kd, hd, vd, od, q_ptr, k_ptr, vnew_ptr, gcum_ptr, h_ptr, o_ptr,
+                  scale, gq_ptr, gk_ptr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                  BV: tl.constexpr, BT: tl.constexpr, NORM_Q: tl.constexpr, KP: tl.constexpr, I64: tl.constexpr,
+                  FOLD: tl.constexpr, TMA: tl.constexpr):
+    """fwd_o_kernel's work for chunk i_t of the sequence in rows bos..eos (global chunk i_c), V tile i_v, value
+    head i_hv."""
+    i_h = i_hv // (HV // H)
     v0 = i_v * BV
-    rows = bos + i_t * BT + tl.arange(0, BT)
+    r0 = i_t * BT
+    rows = bos + r0 + tl.arange(0, BT)
     mrow = rows < eos
     qh, kh = q_ptr + i_h * K, k_ptr + i_h * K
+    state = i_c * HV + i_hv
     hb = h_ptr + (as_index(i_c, I64) * HV + i_hv) * K * V
     if FOLD:
         g_row = tl.load(gq_ptr + rows * HV + i_hv, mask=mrow, other=0.0)
@@ -107,33 +158,37 @@ def fwd_o_kernel(q_ptr, k_ptr, vnew_ptr, gcum_ptr, h_ptr, o_ptr, cu_ptr, chunks_
     qn = tl.full([BT], 1.0, tl.float32)
     if NORM_Q:
         qn = l2_norm_of_rows(load_rows(qh, rows, mrow, H * K, 0, KP, K).to(tl.float32))
-    o_acc, sc = inter_and_scores(qh, kh, rows, mrow, H * K, 0, load_state(hb, 0, v0, K, V, BV, False).to(
-        tl.bfloat16), K, qn, NORM_Q)
+    o_acc, sc = inter_and_scores(qh, kh, rows, mrow, H * K, 0, _h_tile(hb, hd, state, 0, v0, K, V, BV, TMA), K, qn,
+                                 NORM_Q, qd, kd, r0, TMA)
     if K > 64:
-        oi, si = inter_and_scores(qh, kh, rows, mrow, H * K, 64, load_state(hb, 64, v0, K, V, BV, False).to(
-            tl.bfloat16), K, qn, NORM_Q)
+        oi, si = inter_and_scores(qh, kh, rows, mrow, H * K, 64, _h_tile(hb, hd, state, 64, v0, K, V, BV, TMA), K,
+                                  qn, NORM_Q, qd, kd, r0, TMA)
         o_acc, sc = o_acc + oi, sc + si
     if K > 128:
-        oi, si = inter_and_scores(qh, kh, rows, mrow, H * K, 128, load_state(hb, 128, v0, K, V, BV, False).to(
-            tl.bfloat16), K, qn, NORM_Q)
+        oi, si = inter_and_scores(qh, kh, rows, mrow, H * K, 128, _h_tile(hb, hd, state, 128, v0, K, V, BV, TMA), K,
+                                  qn, NORM_Q, qd, kd, r0, TMA)
         o_acc, sc = o_acc + oi, sc + si
     if K > 192:
-        oi, si = inter_and_scores(qh, kh, rows, mrow, H * K, 192, load_state(hb, 192, v0, K, V, BV, False).to(
-            tl.bfloat16), K, qn, NORM_Q)
+        oi, si = inter_and_scores(qh, kh, rows, mrow, H * K, 192, _h_tile(hb, hd, state, 192, v0, K, V, BV, TMA), K,
+                                  qn, NORM_Q, qd, kd, r0, TMA)
         o_acc, sc = o_acc + oi, sc + si
-    v_new = load_rows(vnew_ptr + i_hv * V, rows, mrow, HV * V, v0, BV, V)
+    v_new = load_tile(vnew_ptr + i_hv * V, vd, rows, mrow, HV * V, r0, v0, BV, V, TMA)
     out = chunk_output(o_acc, sc, g_row, g_col, rows, mrow, v_new, scale)
-    store_rows(o_ptr + i_hv * V, rows, mrow, HV * V, v0, out, BV, V)
+    store_tile(o_ptr + i_hv * V, od, rows, mrow, HV * V, r0, v0, out, BV, V, TMA)
 
 
 def two_kernel(pro: Prologue, v: torch.Tensor, o: torch.Tensor, plan: ChunkPlan, initial_state, ht, scale: float,
                state_v_first: bool, BV: int = 64, poison: bool = False, num_warps: int = 4,
                num_stages: int | None = None, out_BV: int | None = None, out_warps: int | None = None,
-               out_stages: int | None = None, index64: bool | None = None) -> None:
+               out_stages: int | None = None, index64: bool | None = None, out_programs: int = 0,
+               out_tma: bool = False) -> None:
     """State kernel then output kernel on flattened tensors; writes o and (if given) ht. `BV`, `num_warps` and
     `num_stages` configure the state kernel, and the output kernel too unless its `out_*` options are given
     (None: Triton's default stages). The output kernel l2-normalises q when the prologue left that to it
-    (pro.norm_q). `index64`: int64 indices (None: where a buffer needs them)."""
+    (pro.norm_q). `index64`: int64 indices (None: where a buffer needs them). `out_programs`: 0 runs one output
+    program per chunk; more, about that many per V tile and value head, each looping over a run of one sequence's
+    chunks `out_stages` deep (or 2); `out_tma`: its tiles through tensor descriptors where the buffers allow it
+    (tma_ok). The same numbers in every case."""
     tokens, H, K = pro.k.shape
     HV, V = v.shape[1], v.shape[2]
     N = plan.cu_seqlens.numel() - 1
@@ -154,7 +209,13 @@ def two_kernel(pro: Prologue, v: torch.Tensor, o: torch.Tensor, plan: ChunkPlan,
            device=dev,
            **({} if num_stages is None else dict(num_stages=num_stages)))
     if plan.n_chunks:
-        launch(fwd_o_kernel, (cdiv(V, out_BV), plan.n_chunks, HV), pro.q, pro.k, v_new, pro.g_cum, h, o,
-               plan.cu_seqlens, plan.chunks, scale, gq, gk, H=H, HV=HV, K=K, V=V, BV=out_BV, BT=BT,
-               NORM_Q=pro.norm_q, I64=i64, KP=pow2(K), FOLD=fold, num_warps=out_warps, device=dev,
+        segs = plan.segments(-(-plan.n_chunks // out_programs)) if 0 < out_programs < plan.n_chunks else None
+        out_tma = out_tma and tma_ok(pro.q, pro.k, v_new, o)
+        if out_tma:
+            use_descriptors()
+        launch(fwd_o_kernel, (cdiv(V, out_BV), plan.n_chunks if segs is None else segs.shape[0], HV), pro.q, pro.k,
+               v_new, pro.g_cum, h, o, plan.cu_seqlens, plan.chunks, scale, gq, gk,
+               plan.chunks if segs is None else segs, plan.chunk_offsets, plan.n_chunks, H=H, HV=HV, K=K, V=V,
+               BV=out_BV, BT=BT, NORM_Q=pro.norm_q, I64=i64, KP=pow2(K), FOLD=fold, LOOP=segs is not None,
+               LOOP_STAGES=out_stages or 2, TMA=out_tma, num_warps=out_warps, device=dev,
                **({} if out_stages is None else dict(num_stages=out_stages)))
