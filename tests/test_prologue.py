@@ -116,6 +116,7 @@ def test_moves_solve_is_bit_equal_to_the_blocks(opts):
 def test_chunk_plan_segments_cut_runs_at_sequence_ends():
     plan = ChunkPlan.build([(0, 300), (300, 310), (310, 450)], torch.device("cpu"))  # 5, 1 and 3 chunks
     assert plan.segments(2).tolist() == [[0, 0, 2], [0, 2, 4], [0, 4, 5], [1, 0, 1], [2, 0, 2], [2, 2, 3]]
-    assert plan.segments(2) is plan.segments(2)
+    assert plan.segments(2) is plan.segments(2) and plan.runs(4) is plan.segments(3)
+    assert plan.runs(0) is None and plan.runs(9) is None
     with pytest.raises(ValueError, match="programs"):
         run_prologue(*[torch.zeros(1)] * 5, plan, True, programs=-1)

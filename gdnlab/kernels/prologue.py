@@ -534,6 +534,11 @@ class ChunkPlan:
                                                device=self.chunks.device).reshape(-1, 3)
         return self._segments[per]
 
+    def runs(self, programs: int) -> torch.Tensor | None:
+        """The segments for about `programs` looping programs (per value head), or None where one program per chunk
+        is what that asks for (0, or at least as many programs as chunks)."""
+        return self.segments(-(-self.n_chunks // programs)) if 0 < programs < self.n_chunks else None
+
     @classmethod
     def build(cls, bounds: list[tuple[int, int]], device: torch.device) -> "ChunkPlan":
         """The plan for these sequence bounds, cached so that a repeated call (or a CUDA graph capture) makes no
@@ -643,7 +648,7 @@ def run_prologue(q, k, v, g, beta, plan: ChunkPlan, use_qk_l2norm: bool, poison:
     if tma:
         use_descriptors()
     if plan.n_chunks:
-        segs = plan.segments(-(-plan.n_chunks // programs)) if 0 < programs < plan.n_chunks else None
+        segs = plan.runs(programs)
         launch(prologue_kernel, (plan.n_chunks if segs is None else segs.shape[0], HV), q, k, v, g, beta, qn, kn,
                g_cum, w, u, plan.cu_seqlens, plan.chunks, g_q if fold else g_cum, g_k if fold else g_cum,
                log_norms[0] if fold else g_cum, log_norms[1] if fold else g_cum,

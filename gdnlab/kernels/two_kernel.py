@@ -209,7 +209,7 @@ def two_kernel(pro: Prologue, v: torch.Tensor, o: torch.Tensor, plan: ChunkPlan,
            device=dev,
            **({} if num_stages is None else dict(num_stages=num_stages)))
     if plan.n_chunks:
-        segs = plan.segments(-(-plan.n_chunks // out_programs)) if 0 < out_programs < plan.n_chunks else None
+        segs = plan.runs(out_programs)
         out_tma = out_tma and tma_ok(pro.q, pro.k, v_new, o)
         if out_tma:
             use_descriptors()
