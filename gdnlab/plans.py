@@ -110,7 +110,7 @@ def _whole(t: torch.Tensor) -> bool:
 
 def _build(launches: list, x: Flat, o: torch.Tensor, ht: torch.Tensor | None) -> Plan | None:
     inputs = {id(t): i for i, t in enumerate(_inputs(x)) if t is not None}
-    fixed = {id(t) for t in (x.plan.cu_seqlens, x.plan.chunks, x.plan.chunk_offsets)}
+    fixed = {id(t) for t in x.plan.tensors()}
     found: dict[int, int] = {}
     buffers: list[torch.Tensor] = []
     steps = []

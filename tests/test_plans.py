@@ -32,16 +32,18 @@ def _stale_workspaces() -> None:
         pool.fill_(255)
 
 
-@pytest.mark.parametrize("backend", ["fast", "fused_fixed"])
-def test_a_replayed_call_equals_the_pipeline_on_new_values(backend):
-    _call(_inputs(0), backend)  # records the plan
+@pytest.mark.parametrize("backend, options", [("fast", {}), ("fused_fixed", {}),
+                                             ("fast", dict(prologue_programs=1, out_programs=1))])
+def test_a_replayed_call_equals_the_pipeline_on_new_values(backend, options):
+    # the looping kernels (programs=1: one run of both chunks) take the chunk plan's segments as they are
+    _call(_inputs(0), backend, **options)  # records the plan
     assert plans.cached_plans() == 1 and plans.lookup(next(iter(plans._PLANS))) is not None
-    _call(_inputs(0), backend)  # first replay: creates the workspace
+    _call(_inputs(0), backend, **options)  # first replay: creates the workspace
     _stale_workspaces()
     inp = _inputs(1)  # same signature, other values
-    o, ht = _call(inp, backend)
+    o, ht = _call(inp, backend, **options)
     plans.clear()
-    o_ref, ht_ref = _call(inp, backend, poison=True)  # the pipeline itself (poisoned calls are never planned)
+    o_ref, ht_ref = _call(inp, backend, poison=True, **options)  # the pipeline itself (never planned when poisoned)
     assert plans.cached_plans() == 0
     assert torch.isfinite(o).all() and torch.isfinite(ht).all()
     assert torch.equal(o, o_ref) and torch.equal(ht, ht_ref)

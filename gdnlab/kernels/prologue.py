@@ -534,6 +534,11 @@ class ChunkPlan:
                                                device=self.chunks.device).reshape(-1, 3)
         return self._segments[per]
 
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        """Every device tensor of this plan (the segments made so far included): what a call's signature fixes,
+        so that gdnlab.plans passes them to a replayed launch as they are."""
+        return (self.cu_seqlens, self.chunks, self.chunk_offsets, *self._segments.values())
+
     def runs(self, programs: int) -> torch.Tensor | None:
         """The segments for about `programs` looping programs (per value head), or None where one program per chunk
         is what that asks for (0, or at least as many programs as chunks)."""
