@@ -1,5 +1,6 @@
 """Speed of every backend at every bench shape: eager (sampled from an idle GPU, backends interleaved) and
-CUDA-graph replay (interleaved rounds), with each lab backend's output checked bit for bit against fast's first."""
+CUDA-graph replay (interleaved rounds), with each lab backend's output checked bit for bit against fast's first, and
+its replays (from its call plan, from a CUDA graph) against its own output."""
 from __future__ import annotations
 
 from typing import Any
@@ -32,17 +33,34 @@ def against_fast(kw: dict[str, Any], backends: list[str]) -> dict[str, dict[str,
             torch.cuda.synchronize()
             checks[be] = dict(bit_equal_fast=bool(torch.equal(o, o_ref) and torch.equal(h, h_ref)),
                               maxdiff_fast=float((o.float() - o_ref.float()).abs().max()),
-                              all_written=bool(torch.isfinite(o).all()))
+                              all_written=bool(torch.isfinite(o).all()),
+                              replays_equal=replays_equal(lambda: gdnlab.chunk_gated_delta_rule(
+                                  **kw, backend=name, **opts), o, h))
         except Exception as e:  # noqa: BLE001
             checks[be] = dict(error=repr(e)[:300])
     return checks
+
+
+def replays_equal(call: Any, o: torch.Tensor, h: torch.Tensor) -> bool:
+    """Whether `call`'s outputs equal (o, h) (its poisoned call's, which never uses a plan) bit for bit when it is
+    replayed as the timings replay it: an eager call from its recorded plan (gdnlab.plans) and a CUDA graph of it."""
+    import torch
+    call()  # records the plan
+    same = [call()]
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        replayed = call()
+    graph.replay()
+    torch.cuda.synchronize()
+    same.append(replayed)
+    return all(torch.equal(x, o) and torch.equal(y, h) for x, y in same)
 
 
 def run(ctx: Context, rounds: int = 3) -> pd.DataFrame:
     """Every backend at every bench shape. Eager: eager_paired, ms its median and ms_iqr the interquartile range
     over the median. Graph: `rounds` interleaved rounds of do_bench, graph_ms their median and graph_spread
     (max - min) / median. Each lab backend's output on the first set is compared bit for bit with fast's
-    (bit_equal_fast)."""
+    (bit_equal_fast) and its replays with its own (replays_equal)."""
     import torch
     backends, bw = ctx.timed(), ctx.bandwidth()
     rows = []
@@ -74,6 +92,7 @@ def run(ctx: Context, rounds: int = 3) -> pd.DataFrame:
                              seed=f"0..{len(sets) - 1} (rotated sets)",
                              tokens_per_s=tokens / (min(ms, gms if gms == gms else ms) * 1e-3),
                              floor_ms=floor_ms, bit_equal_fast=equal.get(be, {}).get("bit_equal_fast"),
+                             replays_equal=equal.get(be, {}).get("replays_equal"),
                              error=""))
             log("bench", be, B, T, round(ms, 4), round(gms, 4), "iqr", round(rows[-1]["ms_iqr"], 3))
         del sets, calls

@@ -126,16 +126,20 @@ FAST = dict(BV=32, num_warps=4, out_BV=128, out_warps=4, fold_norm=True)
 
 def fast_by_size(programs: int, walkers: int, sms: int) -> dict[str, Any]:
     """fast's size-dependent options (docs/speed-notes.md items 12, 17 and 22; the variants runs in data/h200/).
-    With at most two prologue programs per multiprocessor each program's latency is the time, and 4 warps hide
-    more of it than 2 (512 tokens: 12% faster); above that 2 warps leave room for more resident programs (1024
-    tokens: 10% faster), and the prologue's products then round differently from two_kernel's (4 warps), so fast
-    is bit-equal to two_kernel only up to that size. Up to four programs per multiprocessor, q's l2-norm inside the output
-    kernel saves a launch (2% faster); above that the heavier output kernel costs more than the pass over q it
-    saves (1-2% slower). With at most one state-kernel program per multiprocessor the walk's loop is pipelined 4
-    stages deep instead of Triton's 3 (2-3% faster for one sequence of 1024-65536 tokens); with more, the deeper
-    pipeline's shared memory costs residency (8 x 2048: 7.5% slower, the ragged batch 6%)."""
-    opts: dict[str, Any] = dict(prologue_warps=4 if programs <= 2 * sms else 2,
-                                norm_q_in_output=programs <= 4 * sms)
+    With at most two prologue programs per multiprocessor each program's latency is the time, and 4 warps hide more
+    of it than 2 (512 tokens: 12% faster), and its diagonal blocks are inverted by products ("doubling": fewer
+    dependent steps, 4% faster at 512 tokens; item 35); above that 2 warps leave room for more resident programs
+    (1024 tokens: 10% faster) and forward substitution is the faster. Both choices round differently from
+    two_kernel's prologue (4 warps, "blocks"), so fast is not bit-equal to two_kernel. Up to four programs per
+    multiprocessor, q's l2-norm inside the output kernel saves a launch (2% faster); above that the heavier output
+    kernel costs more than the pass over q it saves (1-2% slower). With at most one state-kernel program per
+    multiprocessor the walk's loop is pipelined 4 stages deep instead of Triton's 3 (2-3% faster for one sequence of
+    1024-65536 tokens); with more, the deeper pipeline's shared memory costs residency (8 x 2048: 7.5% slower, the
+    ragged batch 6%)."""
+    small = programs <= 2 * sms
+    opts: dict[str, Any] = dict(prologue_warps=4 if small else 2, norm_q_in_output=programs <= 4 * sms)
+    if small:
+        opts["prologue_solve"] = "doubling"
     if walkers <= sms:
         opts.update(num_stages=4, out_stages=3)
     return opts

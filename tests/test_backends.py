@@ -51,13 +51,13 @@ def test_register_backend_refuses_bad_registrations():
 def test_fast_configuration_is_bit_equal_on_cpu():
     """fast's kernel configs (state kernel BV 32, output kernel BV 128, and at this size 4 prologue warps and q
     normalised in the output kernel) change tiling and launches, not numbers: with its l2-norm folded or not,
-    bit-equal to two_kernel with the same fold_norm under the interpreter, every element written; and the fold
-    changes the numbers."""
+    bit-equal to two_kernel with the same fold_norm and prologue solve ("doubling" at this size) under the
+    interpreter, every element written; and the fold changes the numbers."""
     kw = make_inputs(B=1, T=150, H=2, HV=4, K=128, V=128, seed=3, decay=0.1).kwargs()
     assert kw["output_final_state"] and kw["use_qk_l2norm_in_kernel"]
     outs = {}
     for fold in (False, True):
-        o, h = gdnlab.chunk_gated_delta_rule(**kw, backend="two_kernel", fold_norm=fold)
+        o, h = gdnlab.chunk_gated_delta_rule(**kw, backend="two_kernel", fold_norm=fold, prologue_solve="doubling")
         of, hf = gdnlab.chunk_gated_delta_rule(**kw, backend="fast", poison=True,
                                                **({} if fold else dict(fold_norm=False)))
         assert not of.isnan().any()
@@ -82,10 +82,12 @@ def test_q_norm_in_output_kernel_is_bit_equal_on_cpu():
                                                (529, 2, False), (10 ** 5, 2, False)])
 @pytest.mark.parametrize("walkers,deep", [(1, True), (132, True), (133, False), (1280, False)])
 def test_fast_size_rule(programs, warps, nq, walkers, deep):
-    """fast's options by size: 4 prologue warps up to two programs per multiprocessor, q normalised in the output
+    """fast's options by size: 4 prologue warps and the doubling solve up to two programs per multiprocessor, q
+    normalised in the output
     kernel up to four, the walk pipelined 4 deep up to one state-kernel program per multiprocessor (132 here)."""
     from gdnlab.backends import fast_by_size
-    want = dict(prologue_warps=warps, norm_q_in_output=nq, **(dict(num_stages=4, out_stages=3) if deep else {}))
+    want = dict(prologue_warps=warps, norm_q_in_output=nq, **(dict(prologue_solve="doubling") if warps == 4 else {}),
+                **(dict(num_stages=4, out_stages=3) if deep else {}))
     assert fast_by_size(programs, walkers, 132) == want
 
 
