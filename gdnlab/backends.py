@@ -72,6 +72,8 @@ def _triton(path: str, by_size: Callable[[int, int, int], dict[str, Any]] | None
             walkers = p.N * p.HV * -(-p.V // walk_bv) if walk_bv in STATE_BVS else 0  # else refused below
             sized = by_size(x.plan.n_chunks * p.HV, walkers, multiprocessors(x.q.device))
         opts = {**defaults, **sized, **options}
+        if options.get("out_programs") and "out_stages" not in options:
+            opts["out_stages"] = LOOP_OUT_STAGES  # the size rule's depth is the one-program-per-chunk kernel's
         allowed = {"BV", "poison", "num_warps", "num_stages", "prologue_warps", "prologue_solve",
                    "prologue_programs", "prologue_stages", "prologue_tma", "fuse_norm"} | (
             {"downcast", "intra_vnew"} if path == "fused" else {"out_BV", "out_warps", "out_stages", "norm_q_in_output",
@@ -135,14 +137,23 @@ def fast_by_size(programs: int, walkers: int, sms: int) -> dict[str, Any]:
     kernel costs more than the pass over q it saves (1-2% slower). With at most one state-kernel program per
     multiprocessor the walk's loop is pipelined 4 stages deep instead of Triton's 3 (2-3% faster for one sequence of
     1024-65536 tokens); with more, the deeper pipeline's shared memory costs residency (8 x 2048: 7.5% slower, the
-    ragged batch 6%)."""
+    ragged batch 6%). With that and more than eight prologue programs per multiprocessor (one Qwen3-Next sequence
+    of more than 2048 tokens) the output kernel loops over runs of at least 16 chunks, about four programs per V
+    tile and value head, its tiles through tensor descriptors (0.95x at 32768-65536 tokens; item 40)."""
     small = programs <= 2 * sms
     opts: dict[str, Any] = dict(prologue_warps=4 if small else 2, norm_q_in_output=programs <= 4 * sms)
     if small:
         opts["prologue_solve"] = "doubling"
     if walkers <= sms:
         opts.update(num_stages=4, out_stages=3)
+        if programs > 8 * sms:
+            opts.update(out_programs=4, out_tma=True, out_stages=LOOP_OUT_STAGES)
     return opts
+
+
+#: The looping output kernel's pipeline depth where the caller names none: at V tile 128 three stages need more
+#: shared memory than a Hopper multiprocessor has (267864 B against 232448; docs/speed-notes.md item 39).
+LOOP_OUT_STAGES = 2
 
 
 #: Multiprocessors assumed off CUDA (the H200 the rule was measured on); the numbers do not depend on it.
