@@ -228,6 +228,8 @@ class Launch:
 
 
 _RECORDING: list[tuple[list[Launch], bool]] = []
+#: Per recorded_launches block, the tensors the kernels' allocator made inside it (note_made).
+_MADE: list[list[torch.Tensor]] = []
 
 
 @contextlib.contextmanager
@@ -237,10 +239,25 @@ def recorded_launches(run: bool = False) -> Iterator[list[Launch]]:
     `run` it records and runs them (gdnlab.plans builds a call's plan so)."""
     got: list[Launch] = []
     _RECORDING.append((got, run))
+    _MADE.append([])
     try:
         yield got
     finally:
         _RECORDING.pop()
+        _MADE.pop()
+
+
+def note_made(t: torch.Tensor) -> torch.Tensor:
+    """`t`, noted as made inside the innermost recorded_launches block (if any): gdnlab.plans takes only such
+    tensors for a call's own buffers, so a tensor it cannot account for stops a plan rather than being replaced."""
+    if _MADE:
+        _MADE[-1].append(t)
+    return t
+
+
+def made_tensors() -> list[torch.Tensor]:
+    """The tensors noted by note_made in the innermost recorded_launches block so far."""
+    return list(_MADE[-1]) if _MADE else []
 
 
 def launch(kernel: JITFunction, grid: Sequence[int], *args: Any, device: torch.device | str, **kwargs: Any) -> None:

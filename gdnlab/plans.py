@@ -108,9 +108,13 @@ def _whole(t: torch.Tensor) -> bool:
             and t.untyped_storage().nbytes() == t.numel() * t.element_size())
 
 
-def _build(launches: list, x: Flat, o: torch.Tensor, ht: torch.Tensor | None) -> Plan | None:
+def _build(launches: list, x: Flat, o: torch.Tensor, ht: torch.Tensor | None, made: list[torch.Tensor]
+           ) -> Plan | None:
+    """The plan of these launches, or None where some tensor argument is neither an input, nor the chunk plan's,
+    nor one the call made itself (`made`): replaying it from a workspace would hand the kernel other memory."""
     inputs = {id(t): i for i, t in enumerate(_inputs(x)) if t is not None}
     fixed = {id(t) for t in x.plan.tensors()}
+    own = {id(t) for t in made}
     found: dict[int, int] = {}
     buffers: list[torch.Tensor] = []
     steps = []
@@ -123,7 +127,7 @@ def _build(launches: list, x: Flat, o: torch.Tensor, ht: torch.Tensor | None) ->
                 slots.append((pos, INPUT, inputs[id(a)]))
             else:
                 if id(a) not in found:
-                    if not _whole(a):
+                    if id(a) not in own or not _whole(a):
                         return None
                     found[id(a)] = len(buffers)
                     buffers.append(a)
@@ -154,9 +158,10 @@ def record(k: tuple | None, x: Flat, run: Callable[[], tuple[torch.Tensor, torch
         return run()
     with interp.recorded_launches(run=True) as launches:
         o, ht = run()
+        made = interp.made_tensors()
     if len(_PLANS) >= LIMIT:
         _PLANS.popitem(last=False)
-    _PLANS[k] = _build(launches, x, o, ht)
+    _PLANS[k] = _build(launches, x, o, ht, made)
     return o, ht
 
 

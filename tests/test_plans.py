@@ -98,3 +98,17 @@ def test_a_call_without_a_plan_is_remembered_and_still_runs(monkeypatch):
     monkeypatch.setattr(plans.interp, "recorded_launches", lambda run=False: recordings.append(run) or real(run))
     got = _call(inp)
     assert recordings == [] and torch.equal(got[0], want[0])  # ran the pipeline without recording it again
+
+
+def test_a_tensor_the_plan_cannot_account_for_stops_the_plan(monkeypatch):
+    """A launch argument that is neither an input, nor the chunk plan's, nor made by the call (here: the looping
+    kernels' segment tables, hidden from ChunkPlan.tensors) leaves the call without a plan instead of being
+    replaced by workspace memory on replay."""
+    from gdnlab.kernels.prologue import ChunkPlan
+    monkeypatch.setattr(ChunkPlan, "tensors", lambda self: (self.cu_seqlens, self.chunks, self.chunk_offsets))
+    opts = dict(prologue_programs=1, out_programs=1)
+    _call(_inputs(0), **opts)
+    assert plans.cached_plans() == 1 and plans.lookup(next(iter(plans._PLANS))) is None
+    o, ht = _call(_inputs(1), **opts)
+    o_ref, ht_ref = _call(_inputs(1), poison=True, **opts)
+    assert torch.equal(o, o_ref) and torch.equal(ht, ht_ref)

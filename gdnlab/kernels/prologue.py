@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from gdnlab.interp import launch
+from gdnlab.interp import launch, note_made
 from gdnlab.kernel_params import BT, cdiv, pow2
 from gdnlab.kernels.tiles import (as_index, l2_norm_of_rows, load_rows, load_tile, sequence_rows, store_rows,
                                   store_tile, tma_ok, use_descriptors)
@@ -590,8 +590,9 @@ def wide_index(*tensors: torch.Tensor) -> bool:
 
 
 def alloc(shape, dtype, device, poison: bool) -> torch.Tensor:
-    return torch.full(shape, float("nan"), dtype=dtype, device=device) if poison else torch.empty(
-        shape, dtype=dtype, device=device)
+    """Every buffer the kernels' wrappers make (NaN-filled when poisoned), noted for gdnlab.plans (note_made)."""
+    return note_made(torch.full(shape, float("nan"), dtype=dtype, device=device) if poison else torch.empty(
+        shape, dtype=dtype, device=device))
 
 
 def l2norm(x: torch.Tensor, poison: bool = False) -> torch.Tensor:
