@@ -514,10 +514,16 @@ def ablation_view(abl: pd.DataFrame) -> pd.DataFrame:
 WALL_TIME_COLUMN = re.compile(r"(^|_)seconds$")
 
 
+#: How tables write floats: 12 significant digits, so that float64 results whose last digits depend on the CPU's
+#: summation order (vector width, BLAS paths) rewrite the same bytes on another machine.
+TABLE_FLOAT = "%.12g"
+
+
 def save_table(df: pd.DataFrame | Sequence[pd.DataFrame], out_dir: str | Path | None, name: str) -> Path | None:
     """Write ``df`` (or several tables, concatenated) to ``out_dir/tables/<name>.csv`` (nothing when ``out_dir`` is
     None); returns the path. Wall-time columns (:data:`WALL_TIME_COLUMN`) go to ``out_dir/timings/<name>.csv``
-    instead, beside the table's text columns, so that a rerun of unchanged code rewrites the table byte for byte."""
+    instead, beside the table's text columns, and floats are written to TABLE_FLOAT, so that a rerun of unchanged code
+    rewrites the table byte for byte."""
     path = output_path(out_dir, "tables", name, "csv")
     if path is None:
         return None
@@ -528,7 +534,7 @@ def save_table(df: pd.DataFrame | Sequence[pd.DataFrame], out_dir: str | Path | 
         keys = [c for c in df.columns if c not in walls and df[c].dtype == object]
         save_timings(df[keys + walls], out_dir, name)
         df = df.drop(columns=walls)
-    df.to_csv(path, index=False)
+    df.to_csv(path, index=False, float_format=TABLE_FLOAT)
     return path
 
 
