@@ -45,7 +45,10 @@ def _triton(path: str, by_size: Callable[[int, int, int], dict[str, Any]] | None
     where a buffer has 2^31 elements or more), `fold_norm` (q and k never rounded after normalising: their norms
     are folded into the gates in fp32; docs/speed-notes.md items 27 and 29), `split_wu` (W and U formed from T
     and the raw k and v rows with no operand rounded to bf16; item 29), and `out_programs` and `out_tma` (the
-    output kernel looping over runs of chunks, its tiles through tensor descriptors: as the prologue's; item 39).
+    output kernel looping over runs of chunks, its tiles through tensor descriptors: as the prologue's; item 39),
+    and `walk_t` (the prologue stores T instead of W and U, and the state kernel forms V_new = T diag(beta)
+    (V - diag(exp(G)) K S) itself: the prologue's two products and their stores traded for one product in the walk;
+    item 43).
     `by_size(programs, walkers, sms)` gives defaults that depend on the call: programs = chunks x value heads (the
     prologue's grid), walkers = the state kernel's programs (sequences x value heads x V tiles), sms = the device's
     multiprocessors. Options passed to the call override both."""
@@ -78,7 +81,7 @@ def _triton(path: str, by_size: Callable[[int, int, int], dict[str, Any]] | None
                    "prologue_programs", "prologue_stages", "prologue_tma", "fuse_norm"} | (
             {"downcast", "intra_vnew"} if path == "fused" else {"out_BV", "out_warps", "out_stages", "norm_q_in_output",
                                                                  "index64", "fold_norm", "split_wu",
-                                                                 "out_programs", "out_tma"})
+                                                                 "out_programs", "out_tma", "walk_t"})
         unknown = set(opts) - allowed
         if unknown:
             raise TypeError(f"options: {path} backend does not take {sorted(unknown)}; it takes {sorted(allowed)}")
@@ -104,7 +107,8 @@ def _triton(path: str, by_size: Callable[[int, int, int], dict[str, Any]] | None
                                 split_wu=bool(opts.pop("split_wu", False)),
                                 programs=int(opts.pop("prologue_programs", 0)),
                                 stages=int(opts.pop("prologue_stages", 2)),
-                                tma=bool(opts.pop("prologue_tma", False)))
+                                tma=bool(opts.pop("prologue_tma", False)),
+                                store_t=bool(opts.pop("walk_t", False)))
         return pipeline.state_and_outputs(x, pro, path, output_final_state=output_final_state,
                                           state_v_first=p.state_v_first, BV=bv, poison=poison, **opts)
 

@@ -48,6 +48,10 @@ class TwoKernelBuild:
 #: output kernels with FOLD=True. (It takes effect with use_qk_l2norm, which every build's call sets.)
 FOLD_NORM: dict[str, Any] = {"fold_norm": True}
 
+#: fast's fold with the walk applying T (option walk_t, docs/speed-notes.md item 43): the prologue stores T
+#: (STORE_T, no W or U products) and the state kernel forms V_new from T itself (T_FORM, one product more).
+WALK_T: dict[str, Any] = {**FOLD_NORM, "walk_t": True}
+
 #: The state kernel's V tiles (option BV) and the output kernel's (option out_BV: fast launches it at 128).
 _STATE = dict(bvs=STATE_BVS)
 _OUTPUT = dict(bvs=OUT_BVS, bv_option="out_BV")
@@ -64,6 +68,8 @@ TWO_KERNEL_BUILDS: dict[str, TwoKernelBuild] = {
     "prologue_fold": TwoKernelBuild("prologue_kernel", FOLD_NORM),
     "fwd_h_fold": TwoKernelBuild("fwd_h_kernel", FOLD_NORM, **_STATE),
     "fwd_o_fold": TwoKernelBuild("fwd_o_kernel", FOLD_NORM, **_OUTPUT),
+    "prologue_walk_t": TwoKernelBuild("prologue_kernel", WALK_T),
+    "fwd_h_walk_t": TwoKernelBuild("fwd_h_kernel", WALK_T, **_STATE),
 }
 
 #: The jit function every fused variant launches (with its switches as constexprs).
@@ -147,7 +153,8 @@ def kernel_dots(kernel: str, BV: int | None = None, K: int = 128, BT: int = _BT)
     """The tl.dot sites `kernel` issues for one V tile of width BV (K = key dim, BT = chunk rows).
 
     Read off gdnlab/kernels: every K-tile loop repeats the same shapes, so each site is listed once. The sites are
-    those of the build's jit function (TWO_KERNEL_BUILDS), whatever its call options: FOLD changes gates, not dots.
+    those of the build's jit function (TWO_KERNEL_BUILDS): FOLD changes gates, not dots; walk_t drops the
+    prologue's W and U products and adds T's product to the state kernel.
     BV must be one of the V tiles the kernel takes (KERNEL_BVS: the output kernel's run to 128, N = BV there too).
     """
     if kernel not in KERNELS:
@@ -159,17 +166,21 @@ def kernel_dots(kernel: str, BV: int | None = None, K: int = 128, BT: int = _BT)
             raise ValueError(f"BV: {kernel} takes one of {', '.join(map(str, KERNEL_BVS[kernel]))}, got {BV!r}")
     kt = min(K, K_TILE)  # K is walked in register tiles
     fn = jit_fn(kernel)
+    walk_t = kernel in TWO_KERNEL_BUILDS and TWO_KERNEL_BUILDS[kernel].options.get("walk_t", False)
     if fn in ("l2norm_kernel", "log_norm_kernel"):
         return []
     if fn == "prologue_kernel":
         # Whole-chunk dots (K and V whole, padded to a power of two; V = K here) and the solve's 16x16 products.
-        return [
-            Dot("beta.K.K^T", BT, BT, K),
-            Dot("block substitution T_ij (ieee)", SOLVE_BLOCK, SOLVE_BLOCK, SOLVE_BLOCK, "fp32"),
-            Dot("W = T.(beta exp(G) K)", BT, K, BT),
-            Dot("U = T.(beta V)", BT, K, BT),
-        ]
+        solve = [Dot("beta.K.K^T", BT, BT, K),
+                 Dot("block substitution T_ij (ieee)", SOLVE_BLOCK, SOLVE_BLOCK, SOLVE_BLOCK, "fp32")]
+        return solve if walk_t else solve + [Dot("W = T.(beta exp(G) K)", BT, K, BT), Dot("U = T.(beta V)", BT, K, BT)]
     if fn == "fwd_h_kernel":
+        if walk_t:
+            return [
+                Dot("K.h", BT, BV, kt),
+                Dot("T.(beta (V - exp(G) K.h))", BT, BV, BT),
+                Dot("K^T.V_new (state update)", kt, BV, BT),
+            ]
         return [
             Dot("W.h", BT, BV, kt),
             Dot("K^T.V_new (state update)", kt, BV, BT),

@@ -67,6 +67,14 @@ def test_fold_builds_have_their_plain_kernels_dots():
             assert ds.kernel_dots(fold, bv) == ds.kernel_dots(plain, bv) != []
 
 
+def test_walk_t_builds_trade_the_prologue_products_for_one_in_the_walk():
+    pro = {d.site for d in ds.kernel_dots("prologue_walk_t")}
+    assert pro == {d.site for d in ds.kernel_dots("prologue")} - {"W = T.(beta exp(G) K)", "U = T.(beta V)"}
+    walk = {d.site: (d.M, d.N, d.K) for d in ds.kernel_dots("fwd_h_walk_t", 32)}
+    assert walk == {"K.h": (64, 32, 64), "T.(beta (V - exp(G) K.h))": (64, 32, 64),
+                    "K^T.V_new (state update)": (64, 32, 64)}
+
+
 def test_output_kernel_takes_bv_128_the_others_stop_at_64():
     # fast launches the output kernel at out_BV = 128; the state kernel and the fused variants take STATE_BVS.
     from gdnlab.kernel_params import OUT_BVS, STATE_BVS
@@ -127,12 +135,15 @@ def test_frontend_minima_per_release():
 
 def test_job_list():
     full = jobs()
-    # 3 targets; 4 BV-free kernels (l2norm, prologue, log_norm, prologue_fold) x 6 warps/stages, 6 kernels at the
-    # state BVs (fwd_h, fwd_h_fold, 4 fused variants) x 4 BV x 6, the output kernels (fwd_o, fwd_o_fold) x 5 BV x 6
-    assert len(full) == 3 * (4 * 6 + 6 * 4 * 6 + 2 * 5 * 6) == 684
-    assert {j["BV"] for j in full if j["kernel"] in ("l2norm", "prologue", "log_norm", "prologue_fold")} == {None}
+    # 3 targets; 5 BV-free kernels (l2norm, prologue, log_norm, prologue_fold, prologue_walk_t) x 6 warps/stages,
+    # 7 kernels at the state BVs (fwd_h, fwd_h_fold, fwd_h_walk_t, 4 fused variants) x 4 BV x 6, the output kernels
+    # (fwd_o, fwd_o_fold) x 5 BV x 6
+    assert len(full) == 3 * (5 * 6 + 7 * 4 * 6 + 2 * 5 * 6) == 774
+    free = ("l2norm", "prologue", "log_norm", "prologue_fold", "prologue_walk_t")
+    assert {j["BV"] for j in full if j["kernel"] in free} == {None}
     assert {j["BV"] for j in full if j["kernel"] in ("fwd_o", "fwd_o_fold")} == {8, 16, 32, 64, 128}
-    assert {j["BV"] for j in full if j["kernel"] in ("fwd_h", "fwd_h_fold", *cm.FUSED_VARIANTS)} == set(BVS)
+    assert {j["BV"] for j in full if j["kernel"] in ("fwd_h", "fwd_h_fold", "fwd_h_walk_t", *cm.FUSED_VARIANTS)} == set(
+        BVS)
     quick = jobs(quick=True)
     assert len(quick) == 12 and {j["kernel"] for j in quick} == {"fused_shipped", "fwd_o"}
     # the release sweep: fused_shipped at 4 BVs, fwd_o at 5, on 2 targets

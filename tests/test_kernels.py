@@ -253,3 +253,55 @@ def test_looping_kernels_with_descriptors_are_bit_equal(kind):
         assert looped == dict(prologue_kernel=(True, tma), fwd_o_kernel=(True, tma))
         assert not ht.isnan().any() and torch.equal(ht, h)
         assert torch.equal(ot.isnan(), o.isnan()) and torch.equal(ot.nan_to_num(), o.nan_to_num())
+
+
+@pytest.mark.parametrize("name, opts", [("t129", {}), ("var_pad_bf16_noh0", {}), ("var_pad", {}),
+                                        ("b3_t65_bf16", dict(fold_norm=False))])
+def test_walk_t_is_in_budget(name, opts):
+    """walk_t (the prologue stores T, the state kernel forms V_new = T diag(beta) (V - diag(exp(G)) K S)): every
+    element written, padding zero, inputs untouched, output and state within budget; with the fold and without,
+    ragged padded batches among the cases. The launches are the T forms, not W and U."""
+    from gdnlab.interp import recorded_launches
+    case = CASES_BY_NAME[name]
+    kw = case.inputs().kwargs()
+    before = {k: v.clone() for k, v in kw.items() if isinstance(v, torch.Tensor)}
+    with recorded_launches(run=True) as got:
+        o, ht = gdnlab.chunk_gated_delta_rule(**kw, backend="fast", poison=True, walk_t=True, **opts)
+    forms = {c.kernel.__name__: c.kwargs.get("STORE_T", c.kwargs.get("T_FORM")) for c in got
+             if c.kernel.__name__ in ("prologue_kernel", "fwd_h_kernel")}
+    assert forms == dict(prologue_kernel=True, fwd_h_kernel=True)
+    assert all(torch.equal(kw[k], v) for k, v in before.items())
+    check_budgets(case, o, ht)
+
+
+def test_walk_t_with_a_v_first_state_is_the_k_first_call_transposed():
+    kw = CASES_BY_NAME["var_pad"].inputs().kwargs()
+    o, h = gdnlab.chunk_gated_delta_rule(**kw, backend="fast", walk_t=True)
+    kw_vf = dict(kw, initial_state=kw["initial_state"].transpose(-1, -2).contiguous(), state_v_first=True)
+    ov, hv = gdnlab.chunk_gated_delta_rule(**kw_vf, backend="fast", walk_t=True, poison=True)
+    assert torch.equal(ov, o) and torch.equal(hv, h.transpose(-1, -2))
+
+
+def test_walk_t_is_no_less_accurate_at_sixteen_chunks():
+    """Finding (CPU emulation of the GPU's roundings, slow gate, 16 chunks): walk_t rounds neither W nor U and
+    subtracts before T's product, and its output's max and mean error against the float64 recurrence are no larger
+    than fast's."""
+    kw = make_inputs(B=1, T=1024, H=1, HV=2, K=64, V=64, regime="decay", decay=0.001, h0_scale=0.5, seed=5,
+                     dtype=torch.bfloat16, state_dtype=torch.float32).kwargs()
+    ref = recurrent_gated_delta_rule_ref(**{k: v.double() if isinstance(v, torch.Tensor) and v.is_floating_point()
+                                            else v for k, v in kw.items()})[0]
+    err = {}
+    for opts in ({}, dict(walk_t=True)):
+        o, _ = gdnlab.chunk_gated_delta_rule(**kw, backend="fast", poison=True, **opts)
+        e = (o.double() - ref).abs()
+        err[bool(opts)] = (float(e.max()), float(e.mean()))
+    assert err[True][0] <= err[False][0] and err[True][1] <= err[False][1], err
+
+
+@pytest.mark.parametrize("opts", [dict(split_wu=True), dict(prologue_tma=True), dict(prologue_solve="by_blocks")])
+def test_walk_t_refuses_what_needs_w_and_u(opts):
+    kw = CASES_BY_NAME["t65"].inputs().kwargs()
+    with pytest.raises(ValueError, match="store_t"):
+        gdnlab.chunk_gated_delta_rule(**kw, backend="fast", walk_t=True, **opts)
+    with pytest.raises(TypeError, match="walk_t"):
+        gdnlab.chunk_gated_delta_rule(**kw, backend="fused_fixed", walk_t=True)

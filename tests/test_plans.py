@@ -33,7 +33,8 @@ def _stale_workspaces() -> None:
 
 
 @pytest.mark.parametrize("backend, options", [("fast", {}), ("fused_fixed", {}),
-                                             ("fast", dict(prologue_programs=1, out_programs=1))])
+                                             ("fast", dict(prologue_programs=1, out_programs=1)),
+                                             ("fast", dict(walk_t=True))])
 def test_a_replayed_call_equals_the_pipeline_on_new_values(backend, options):
     # the looping kernels (programs=1: one run of both chunks) take the chunk plan's segments as they are
     _call(_inputs(0), backend, **options)  # records the plan

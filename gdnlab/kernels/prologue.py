@@ -404,12 +404,12 @@ def _wy_by_blocks(k_ptr, kn_ptr, v_ptr, w_ptr, u_ptr, beta_ptr, lk_ptr, g_cum, r
 
 
 @triton.jit
-def prologue_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, qn_ptr, kn_ptr, gcum_ptr, w_ptr, u_ptr, cu_ptr, chunks_ptr,
-                    gq_ptr, gk_ptr, lq_ptr, lk_ptr, seg_ptr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
-                    V: tl.constexpr, KP: tl.constexpr, VP: tl.constexpr, BT: tl.constexpr, NORM: tl.constexpr,
-                    SOLVE: tl.constexpr, I64: tl.constexpr = True, FOLD: tl.constexpr = False,
+def prologue_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, qn_ptr, kn_ptr, gcum_ptr, w_ptr, u_ptr, t_ptr, cu_ptr,
+                    chunks_ptr, gq_ptr, gk_ptr, lq_ptr, lk_ptr, seg_ptr, H: tl.constexpr, HV: tl.constexpr,
+                    K: tl.constexpr, V: tl.constexpr, KP: tl.constexpr, VP: tl.constexpr, BT: tl.constexpr,
+                    NORM: tl.constexpr, SOLVE: tl.constexpr, I64: tl.constexpr = True, FOLD: tl.constexpr = False,
                     SPLIT: tl.constexpr = False, LOOP: tl.constexpr = False, LOOP_STAGES: tl.constexpr = 2,
-                    TMA: tl.constexpr = False):
+                    TMA: tl.constexpr = False, STORE_T: tl.constexpr = False):
     """One program per (chunk, value head): [q/k l2-norm,] cumsum, A, T = (I + A)^-1 and W/U for that chunk.
 
     A, W and U are whole-chunk tensor-core dots; the solve works on 16x16 blocks (see _solve), so no 64x64 fp32
@@ -424,6 +424,9 @@ def prologue_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, qn_ptr, kn_ptr, gcum_p
     SPLIT (W and U without rounded operands): W = T diag(beta exp(G)) K and U = T diag(beta) V are formed as the
     fp32 T with the per-row factors scaled into its columns, split into two bf16 terms (_split_dot) and multiplied
     into the k and v rows as loaded, so neither T nor beta exp(G) K nor beta V is rounded to bf16.
+
+    STORE_T (the walk applies T): T itself is stored, bf16 [tokens, HV, BT] rows (t_ptr), and W and U are neither
+    formed nor stored; the state kernel's T_FORM computes V_new = T diag(beta) (V - diag(exp(G)) K S) instead.
     """
     i_hv = tl.program_id(1)
     i_h = i_hv // (HV // H)
@@ -447,18 +450,19 @@ def prologue_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, qn_ptr, kn_ptr, gcum_p
     if LOOP:
         for i_t in tl.range(t0, t1, num_stages=LOOP_STAGES):
             _prologue_chunk(bos, eos, i_t, i_hv, kd, vd, wd, ud, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, qn_ptr, kn_ptr,
-                            gcum_ptr, w_ptr, u_ptr, gq_ptr, gk_ptr, lq_ptr, lk_ptr, H, HV, K, V, KP, VP, BT, NORM,
-                            SOLVE, FOLD, SPLIT, TMA)
+                            gcum_ptr, w_ptr, u_ptr, t_ptr, gq_ptr, gk_ptr, lq_ptr, lk_ptr, H, HV, K, V, KP, VP, BT,
+                            NORM, SOLVE, FOLD, SPLIT, TMA, STORE_T)
     else:
         _prologue_chunk(bos, eos, t0, i_hv, kd, vd, wd, ud, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, qn_ptr, kn_ptr,
-                        gcum_ptr, w_ptr, u_ptr, gq_ptr, gk_ptr, lq_ptr, lk_ptr, H, HV, K, V, KP, VP, BT, NORM, SOLVE,
-                        FOLD, SPLIT, TMA)
+                        gcum_ptr, w_ptr, u_ptr, t_ptr, gq_ptr, gk_ptr, lq_ptr, lk_ptr, H, HV, K, V, KP, VP, BT, NORM,
+                        SOLVE, FOLD, SPLIT, TMA, STORE_T)
 
 @triton.jit
 def _prologue_chunk(bos, eos, i_t, i_hv, kd, vd, wd, ud, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, qn_ptr, kn_ptr, gcum_ptr,
-                    w_ptr, u_ptr, gq_ptr, gk_ptr, lq_ptr, lk_ptr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
-                    V: tl.constexpr, KP: tl.constexpr, VP: tl.constexpr, BT: tl.constexpr, NORM: tl.constexpr,
-                    SOLVE: tl.constexpr, FOLD: tl.constexpr, SPLIT: tl.constexpr, TMA: tl.constexpr):
+                    w_ptr, u_ptr, t_ptr, gq_ptr, gk_ptr, lq_ptr, lk_ptr, H: tl.constexpr, HV: tl.constexpr,
+                    K: tl.constexpr, V: tl.constexpr, KP: tl.constexpr, VP: tl.constexpr, BT: tl.constexpr,
+                    NORM: tl.constexpr, SOLVE: tl.constexpr, FOLD: tl.constexpr, SPLIT: tl.constexpr,
+                    TMA: tl.constexpr, STORE_T: tl.constexpr):
     """prologue_kernel's work for chunk i_t of the sequence in rows bos..eos, value head i_hv."""
     i_h = i_hv // (HV // H)
     first = i_hv % (HV // H)  # 0 on the value head that stores the normalised q and k
@@ -494,21 +498,23 @@ def _prologue_chunk(bos, eos, i_t, i_hv, kd, vd, wd, ud, q_ptr, k_ptr, v_ptr, g_
         a = tl.where(strict, a * tl.exp(tl.where(strict, g_row[:, None] - g_col[None, :], 0.0)), 0.0)
         t32 = _solve(a, BT, SOLVE)
         t = t32.to(tl.bfloat16)  # (without SPLIT t32 dies here: the order the H200 runs measured)
-
-        # k is loaded (and normalised) again rather than kept live across the solve: the form the H200 runs measured;
-        # the Hopper build spills the same 848 B either way (docs/speed-notes.md).
-        kt = _keys(k_ptr + i_h * K, kn_ptr + i_h * K, rows, mrow, first, H * K, K, KP, NORM, False, kd, r0, TMA)
-        if SPLIT:
-            w = _split_dot(t32 * (beta * tl.exp(g_row))[None, :], kt)
+        if STORE_T:
+            store_rows(t_ptr + i_hv * BT, rows, mrow, HV * BT, 0, t, BT, BT)
         else:
-            w = tl.dot(t, (kt.to(tl.float32) * (beta * tl.exp(g_row))[:, None]).to(tl.bfloat16))
-        store_tile(w_ptr + i_hv * K, wd, rows, mrow, HV * K, r0, 0, w, KP, K, TMA)
-        vt = load_tile(v_ptr + i_hv * V, vd, rows, mrow, HV * V, r0, 0, VP, V, TMA)
-        if SPLIT:
-            u = _split_dot(t32 * beta[None, :], vt)
-        else:
-            u = tl.dot(t, (vt.to(tl.float32) * beta[:, None]).to(tl.bfloat16))
-        store_tile(u_ptr + i_hv * V, ud, rows, mrow, HV * V, r0, 0, u, VP, V, TMA)
+            # k is loaded (and normalised) again rather than kept live across the solve: the form the H200 runs
+            # measured; the Hopper build spills the same 848 B either way (docs/speed-notes.md).
+            kt = _keys(k_ptr + i_h * K, kn_ptr + i_h * K, rows, mrow, first, H * K, K, KP, NORM, False, kd, r0, TMA)
+            if SPLIT:
+                w = _split_dot(t32 * (beta * tl.exp(g_row))[None, :], kt)
+            else:
+                w = tl.dot(t, (kt.to(tl.float32) * (beta * tl.exp(g_row))[:, None]).to(tl.bfloat16))
+            store_tile(w_ptr + i_hv * K, wd, rows, mrow, HV * K, r0, 0, w, KP, K, TMA)
+            vt = load_tile(v_ptr + i_hv * V, vd, rows, mrow, HV * V, r0, 0, VP, V, TMA)
+            if SPLIT:
+                u = _split_dot(t32 * beta[None, :], vt)
+            else:
+                u = tl.dot(t, (vt.to(tl.float32) * beta[:, None]).to(tl.bfloat16))
+            store_tile(u_ptr + i_hv * V, ud, rows, mrow, HV * V, r0, 0, u, VP, V, TMA)
 
 
 _PLANS: dict = {}
@@ -577,11 +583,14 @@ class Prologue:
     q: torch.Tensor
     k: torch.Tensor
     g_cum: torch.Tensor  # fp32 [tokens, HV]
-    w: torch.Tensor  # bf16 [tokens, HV, K]
-    u: torch.Tensor  # bf16 [tokens, HV, V]
+    w: torch.Tensor | None  # bf16 [tokens, HV, K] (None with store_t)
+    u: torch.Tensor | None  # bf16 [tokens, HV, V] (None with store_t)
     norm_q: bool = False  # q is still to be l2-normalised, by the output kernel
     g_q: torch.Tensor | None = None  # fold_norm: q and k are raw; G - log|q| and G + log|k| per row and value
     g_k: torch.Tensor | None = None  # head (fp32 [tokens, HV]), the gates of the output's and the state's products
+    t: torch.Tensor | None = None  # store_t: T, bf16 [tokens, HV, BT] (row i: its chunk's row of T)
+    log_k: torch.Tensor | None = None  # store_t with fold_norm: log|k| (fp32 [tokens, H]), for W's gate G - log|k|
+    beta: torch.Tensor | None = None  # store_t: the input beta rows ([tokens, HV]), for the walk's diag(beta)
 
 
 def wide_index(*tensors: torch.Tensor) -> bool:
@@ -618,7 +627,8 @@ def log_norm(q: torch.Tensor, k: torch.Tensor, poison: bool = False) -> tuple[to
 def run_prologue(q, k, v, g, beta, plan: ChunkPlan, use_qk_l2norm: bool, poison: bool = False,
                  fuse_norm: bool = False, num_warps: int = 4, solve: str = SOLVE,
                  norm_q_in_output: bool = False, index64: bool | None = None, fold_norm: bool = False,
-                 split_wu: bool = False, programs: int = 0, stages: int = 2, tma: bool = False) -> Prologue:
+                 split_wu: bool = False, programs: int = 0, stages: int = 2, tma: bool = False,
+                 store_t: bool = False) -> Prologue:
     """Launch the shared prologue on flattened `[tokens, heads, D]` tensors. The q/k l2-norm runs as two launches
     of l2norm_kernel (as the two-kernel pipeline does) or, with `fuse_norm`, inside the prologue kernel; with
     `norm_q_in_output` only k's runs here and q's is left to the output kernel (Prologue.norm_q). With `fold_norm`
@@ -627,11 +637,15 @@ def run_prologue(q, k, v, g, beta, plan: ChunkPlan, use_qk_l2norm: bool, poison:
     int64 indices (None: where a buffer needs them). `programs`: 0 launches one program per chunk and value head;
     more, about that many per value head, each looping over a run of one sequence's chunks `stages` deep (the
     kernel's LOOP). `tma`: k, v, W and U through tensor descriptors where the buffers allow it (tma_ok; its TMA;
-    not with the "by_blocks" solve). The same numbers in every case."""
+    not with the "by_blocks" solve). The same numbers in every case. `store_t`: T is stored instead of W and U (its
+    STORE_T; Prologue.t), for a state kernel that applies T itself (two_kernel's walk_t); not with split_wu, tma or
+    the "by_blocks" solve."""
     if programs < 0 or stages < 1:
         raise ValueError(f"programs, stages: need programs >= 0 and stages >= 1, got {programs!r}, {stages!r}")
     if tma and solve == "by_blocks":
         raise ValueError("tma: takes a whole-chunk solve, not by_blocks")
+    if store_t and (split_wu or tma or solve == "by_blocks"):
+        raise ValueError("store_t: takes neither split_wu nor tma nor the by_blocks solve (no W or U is formed)")
     tokens, H, K = k.shape
     HV, V = v.shape[1], v.shape[2]
     dev = k.device
@@ -648,19 +662,22 @@ def run_prologue(q, k, v, g, beta, plan: ChunkPlan, use_qk_l2norm: bool, poison:
     qn = alloc(q.shape, q.dtype, dev, poison) if norm_inside else q
     kn = alloc(k.shape, k.dtype, dev, poison) if norm_inside else k
     g_cum = alloc((tokens, HV), torch.float32, dev, poison)
-    w = alloc((tokens, HV, K), torch.bfloat16, dev, poison)
-    u = alloc((tokens, HV, V), torch.bfloat16, dev, poison)
+    t = alloc((tokens, HV, BT), torch.bfloat16, dev, poison) if store_t else None
+    w = None if store_t else alloc((tokens, HV, K), torch.bfloat16, dev, poison)
+    u = None if store_t else alloc((tokens, HV, V), torch.bfloat16, dev, poison)
     tma = tma and tma_ok(k, v, w, u)
     if tma:
         use_descriptors()
     if plan.n_chunks:
         segs = plan.runs(programs)
         launch(prologue_kernel, (plan.n_chunks if segs is None else segs.shape[0], HV), q, k, v, g, beta, qn, kn,
-               g_cum, w, u, plan.cu_seqlens, plan.chunks, g_q if fold else g_cum, g_k if fold else g_cum,
+               g_cum, *((t, t, t) if store_t else (w, u, g_cum)), plan.cu_seqlens, plan.chunks,
+               g_q if fold else g_cum, g_k if fold else g_cum,
                log_norms[0] if fold else g_cum, log_norms[1] if fold else g_cum,
                plan.chunks if segs is None else segs, H=H, HV=HV, K=K, V=V, KP=pow2(K), LOOP=segs is not None,
                LOOP_STAGES=stages, TMA=tma,
                VP=pow2(V), BT=BT, NORM=norm_inside, SOLVE=solve, num_warps=num_warps, device=dev,
-               I64=wide_index(q, v, w) if index64 is None else index64, FOLD=fold,
-               SPLIT=split_wu)
-    return Prologue(qn, kn, g_cum, w, u, norm_q, g_q, g_k)
+               I64=wide_index(q, v, t if store_t else w) if index64 is None else index64, FOLD=fold,
+               SPLIT=split_wu, STORE_T=store_t)
+    return Prologue(qn, kn, g_cum, w, u, norm_q, g_q, g_k, t, log_norms[1] if fold and store_t else None,
+                    beta if store_t else None)

@@ -16,12 +16,18 @@ from gdnlab.kernels.tiles import (absorb_all, as_index, gated_delta, chunk_outpu
 
 @triton.jit
 def fwd_h_kernel(k_ptr, u_ptr, w_ptr, gcum_ptr, h_ptr, vnew_ptr, h0_ptr, ht_ptr, cu_ptr, choff_ptr, gk_ptr,
-                 H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
-                 HAS_H0: tl.constexpr, STORE_HT: tl.constexpr, STATE_V_FIRST: tl.constexpr, BT: tl.constexpr,
-                 I64: tl.constexpr = True, FOLD: tl.constexpr = False):
+                 t_ptr, v_ptr, beta_ptr, lk_ptr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
+                 V: tl.constexpr, BV: tl.constexpr, HAS_H0: tl.constexpr, STORE_HT: tl.constexpr,
+                 STATE_V_FIRST: tl.constexpr, BT: tl.constexpr, I64: tl.constexpr = True, FOLD: tl.constexpr = False,
+                 T_FORM: tl.constexpr = False):
     """One program per (V tile, sequence, value head): carry the fp32 state, store bf16 h and V_new per chunk.
     With FOLD, k is raw and the absorbed term's gates are gk = G + log|k| (gk_ptr, fp32 [tokens, HV]), so its rows
-    carry k's inverse norms."""
+    carry k's inverse norms.
+
+    T_FORM (the prologue stored T, not W and U): V_new = T diag(beta) (V - diag(exp(G_w)) K S), from the bf16 T rows
+    (t_ptr, [tokens, HV, BT]), the input v and beta rows and K S in fp32, the bracket rounded to bf16 once; G_w is
+    W's gate, G (or with FOLD G - log|k|, lk_ptr: fp32 [tokens, H]). The same product as U - W S, rounded in other
+    places: neither W nor U is rounded, and the subtraction comes before T's product."""
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_hv = i_nh // HV, i_nh % HV
     i_h = i_hv // (HV // H)
@@ -53,18 +59,31 @@ def fwd_h_kernel(k_ptr, u_ptr, w_ptr, gcum_ptr, h_ptr, vnew_ptr, h0_ptr, ht_ptr,
             g_cum = tl.load(gcum_ptr + rows * HV + i_hv, mask=mrow, other=0.0)
         g_last = tl.load(gcum_ptr + (tl.minimum(bos + c * BT + BT, eos) - 1) * HV + i_hv)
         hb = h_ptr + ((c0 + c) * HV + i_hv) * K * V
+        if T_FORM:  # K S: the rows of K where W's would be
+            rh, srow = kh, H * K
+        else:
+            rh, srow = wh, HV * K
         store_state(hb, 0, v0, s0, K, V, BV, False)
-        vw = w_times_h(wh, rows, mrow, HV * K, 0, s0.to(tl.bfloat16), K)
+        vw = w_times_h(rh, rows, mrow, srow, 0, s0.to(tl.bfloat16), K)
         if K > 64:
             store_state(hb, 64, v0, s1, K, V, BV, False)
-            vw = vw + w_times_h(wh, rows, mrow, HV * K, 64, s1.to(tl.bfloat16), K)
+            vw = vw + w_times_h(rh, rows, mrow, srow, 64, s1.to(tl.bfloat16), K)
         if K > 128:
             store_state(hb, 128, v0, s2, K, V, BV, False)
-            vw = vw + w_times_h(wh, rows, mrow, HV * K, 128, s2.to(tl.bfloat16), K)
+            vw = vw + w_times_h(rh, rows, mrow, srow, 128, s2.to(tl.bfloat16), K)
         if K > 192:
             store_state(hb, 192, v0, s3, K, V, BV, False)
-            vw = vw + w_times_h(wh, rows, mrow, HV * K, 192, s3.to(tl.bfloat16), K)
-        v_new = load_rows(uh, rows, mrow, HV * V, v0, BV, V).to(tl.float32) - vw
+            vw = vw + w_times_h(rh, rows, mrow, srow, 192, s3.to(tl.bfloat16), K)
+        if T_FORM:
+            g_w = tl.load(gcum_ptr + rows * HV + i_hv, mask=mrow, other=0.0)
+            if FOLD:
+                g_w = g_w - tl.load(lk_ptr + rows * H + i_h, mask=mrow, other=0.0)
+            beta = tl.load(beta_ptr + rows * HV + i_hv, mask=mrow, other=0.0).to(tl.float32)
+            vt = load_rows(v_ptr + i_hv * V, rows, mrow, HV * V, v0, BV, V).to(tl.float32)
+            y = (beta[:, None] * (vt - tl.exp(g_w)[:, None] * vw)).to(tl.bfloat16)
+            v_new = tl.dot(load_rows(t_ptr + i_hv * BT, rows, mrow, HV * BT, 0, BT, BT), y)
+        else:
+            v_new = load_rows(uh, rows, mrow, HV * V, v0, BV, V).to(tl.float32) - vw
         store_rows(vh, rows, mrow, HV * V, v0, v_new, BV, V)
         vg = gated_delta(v_new, g_cum, g_last, mrow)
         s0, s1, s2, s3 = absorb_all(s0, s1, s2, s3, kh, rows, mrow, H * K, vg, tl.exp(g_last), K, False)
@@ -198,15 +217,18 @@ def two_kernel(pro: Prologue, v: torch.Tensor, o: torch.Tensor, plan: ChunkPlan,
     h = alloc((max(plan.n_chunks, 1), HV, K, V), torch.bfloat16, dev, poison)
     v_new = alloc((tokens, HV, V), torch.bfloat16, dev, poison)
     states = [x for x in (initial_state, ht) if x is not None]
-    i64 = wide_index(h, v_new, pro.w, pro.q, *states) if index64 is None else index64
+    t_form = pro.t is not None
+    i64 = wide_index(h, v_new, pro.t if t_form else pro.w, pro.q, *states) if index64 is None else index64
     dummy = pro.g_cum
     fold = pro.g_k is not None
     gq, gk = (pro.g_q, pro.g_k) if fold else (dummy, dummy)
-    launch(fwd_h_kernel, (cdiv(V, BV), N * HV), pro.k, pro.u, pro.w, pro.g_cum, h, v_new,
+    walk_t = (pro.t, v, pro.beta, pro.log_k if pro.log_k is not None else dummy) if t_form else (dummy,) * 4
+    launch(fwd_h_kernel, (cdiv(V, BV), N * HV), pro.k, pro.u if not t_form else dummy,
+           pro.w if not t_form else dummy, pro.g_cum, h, v_new,
            initial_state if initial_state is not None else dummy, ht if ht is not None else dummy,
-           plan.cu_seqlens, plan.chunk_offsets, gk, H=H, HV=HV, K=K, V=V, BV=BV, HAS_H0=initial_state is not None,
-           STORE_HT=ht is not None, STATE_V_FIRST=state_v_first, BT=BT, I64=i64, FOLD=fold, num_warps=num_warps,
-           device=dev,
+           plan.cu_seqlens, plan.chunk_offsets, gk, *walk_t, H=H, HV=HV, K=K, V=V, BV=BV,
+           HAS_H0=initial_state is not None, STORE_HT=ht is not None, STATE_V_FIRST=state_v_first, BT=BT, I64=i64,
+           FOLD=fold, T_FORM=t_form, num_warps=num_warps, device=dev,
            **({} if num_stages is None else dict(num_stages=num_stages)))
     if plan.n_chunks:
         segs = plan.runs(out_programs)
