@@ -32,7 +32,7 @@ from gdnlab.inputs import GDNInputs
 from gdnlab.kernel_params import BT
 from gdnlab.reference import chunk_gated_delta_rule_ref, l2norm, recurrent_gated_delta_rule_ref
 
-__all__ = ["ROUNDINGS", "PROLOGUE_ROUNDINGS", "emulate", "configurations", "built_configurations", "budget",
+__all__ = ["ROUNDINGS", "PROLOGUE_ROUNDINGS", "WALK_T_ROUNDINGS", "emulate", "configurations", "built_configurations", "budget",
            "savings", "largest_saving", "state_in_fp32", "against_device", "built_against_device", "EXACT_TOL",
            "exact_without_roundings"]
 
@@ -42,6 +42,10 @@ ROUNDINGS = ("qk_norm", "wu", "state_for_w", "absorb", "v_new", "state_for_outpu
 #: T = (I + A)^-1 rounded before W = T·(beta exp(G) K) and U = T·(beta V) (``solve``), and those two operands
 #: rounded (``wu_operands``).
 PROLOGUE_ROUNDINGS = ("solve", "wu_operands")
+#: The rounding of walk_t's form (docs/speed-notes.md item 43), whose presence selects that form: the walk forms
+#: V_new = T·(beta (V - exp(G) K·S)) with the bracket rounded (``bracket``) and T as ``solve`` rounds it; W and U
+#: are never formed, so ``wu`` and ``wu_operands`` do not apply there.
+WALK_T_ROUNDINGS = ("bracket",)
 
 
 def _bf16(x: torch.Tensor) -> torch.Tensor:
@@ -51,10 +55,11 @@ def _bf16(x: torch.Tensor) -> torch.Tensor:
 def emulate(inputs: GDNInputs, rounded: Collection[str] = ROUNDINGS, chunk: int = BT) -> torch.Tensor:
     """The output ``[T, HV, V]`` (float64) of one dense sequence (B = 1, no cu_seqlens) by the chunked form, with
     the rounding points in `rounded` (a subset of :data:`ROUNDINGS`) rounded to bf16."""
-    unknown = set(rounded) - set(ROUNDINGS) - set(PROLOGUE_ROUNDINGS)
+    known = ROUNDINGS + PROLOGUE_ROUNDINGS + WALK_T_ROUNDINGS
+    unknown = set(rounded) - set(known)
     if unknown:
-        raise ValueError(f"rounded: unknown rounding points {sorted(unknown)}; known: "
-                         f"{', '.join(ROUNDINGS + PROLOGUE_ROUNDINGS)}")
+        raise ValueError(f"rounded: unknown rounding points {sorted(unknown)}; known: {', '.join(known)}")
+    walk_t = "bracket" in rounded
     if inputs.q.shape[0] != 1 or inputs.cu_seqlens is not None:
         raise ValueError("inputs: emulate takes one dense sequence (B = 1, no cu_seqlens)")
 
@@ -85,14 +90,19 @@ def emulate(inputs: GDNInputs, rounded: Collection[str] = ROUNDINGS, chunk: int 
         A = (bc * (kc @ kc.transpose(-1, -2)) * decay).tril(-1)
         eG = G.exp().unsqueeze(-1)
         operands = torch.cat([bc * eG * kc, bc * vc], -1)
-        if set(PROLOGUE_ROUNDINGS) & set(rounded):
+        if walk_t:
             eye = torch.eye(n, dtype=f64).expand_as(A)
             inv = torch.linalg.solve_triangular(A, eye, upper=False, unitriangular=True)
-            WU = r("solve", inv) @ r("wu_operands", operands)
+            v_new = r("solve", inv) @ r("bracket", bc * (vc - eG * (kc @ r("state_for_w", S))))
         else:
-            WU = torch.linalg.solve_triangular(A, operands, upper=False, unitriangular=True)
-        W, U = r("wu", WU[..., :K]), r("wu", WU[..., K:])
-        v_new = U - W @ r("state_for_w", S)
+            if set(PROLOGUE_ROUNDINGS) & set(rounded):
+                eye = torch.eye(n, dtype=f64).expand_as(A)
+                inv = torch.linalg.solve_triangular(A, eye, upper=False, unitriangular=True)
+                WU = r("solve", inv) @ r("wu_operands", operands)
+            else:
+                WU = torch.linalg.solve_triangular(A, operands, upper=False, unitriangular=True)
+            W, U = r("wu", WU[..., :K]), r("wu", WU[..., K:])
+            v_new = U - W @ r("state_for_w", S)
         scores = r("scores", (qc @ kc.transpose(-1, -2)) * decay)
         o[:, t0:t1] = r("output", scale * ((qc @ r("state_for_output", S)) * eG
                                            + scores @ r("v_new", v_new)))
@@ -115,11 +125,13 @@ def configurations(include_none: bool = False) -> dict[str, frozenset[str]]:
 
 def built_configurations() -> dict[str, frozenset[str]]:
     """The lab's built configurations as rounding sets, the prologue's two inner roundings modelled too: the
-    two-kernel path as it rounds, fold_norm (no normalised q or k rounded; docs/speed-notes.md items 27 and 29) and
-    fold_norm with split_wu (nor T, nor W's and U's operands)."""
+    two-kernel path as it rounds, fold_norm (no normalised q or k rounded; docs/speed-notes.md items 27 and 29),
+    fold_norm with split_wu (nor T, nor W's and U's operands) and fold_norm with walk_t (T and the walk's bracket
+    rounded, no W or U; item 43)."""
     every = frozenset(ROUNDINGS + PROLOGUE_ROUNDINGS)
     return {"two_kernel": every, "fold_norm": every - {"qk_norm"},
-            "fold_norm + split_wu": every - {"qk_norm", *PROLOGUE_ROUNDINGS}}
+            "fold_norm + split_wu": every - {"qk_norm", *PROLOGUE_ROUNDINGS},
+            "fold_norm + walk_t": (every - {"qk_norm", "wu", "wu_operands"}) | set(WALK_T_ROUNDINGS)}
 
 
 def budget(inputs: GDNInputs, lengths: Iterable[int], configs: dict[str, frozenset[str]] | None = None,
@@ -139,7 +151,8 @@ def budget(inputs: GDNInputs, lengths: Iterable[int], configs: dict[str, frozens
     for name, rounded in items:
         o = emulate(inputs, rounded)
         for n in lengths:
-            rows.append(dict(config=name, rounded=",".join(x for x in ROUNDINGS + PROLOGUE_ROUNDINGS if x in rounded),
+            rows.append(dict(config=name, rounded=",".join(x for x in ROUNDINGS + PROLOGUE_ROUNDINGS + WALK_T_ROUNDINGS
+                                                           if x in rounded),
                              seq_len=n, n_chunks=-(-n // BT), max_abs_err=float((o[:n] - ref[:n]).abs().max()),
                              mean_abs_err=float((o[:n] - ref[:n]).abs().mean())))
     return pd.DataFrame(rows)

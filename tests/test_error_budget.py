@@ -53,6 +53,21 @@ def test_prologue_roundings_are_modelled_only_when_asked():
     assert set(built["two_kernel"]) == set(eb.ROUNDINGS) | set(eb.PROLOGUE_ROUNDINGS)
 
 
+def test_the_walk_t_form_is_the_algorithm_and_errs_like_its_kernel():
+    """walk_t's form (selected by its bracket rounding) with only T and the bracket rounded stays near the
+    recurrence, and with every rounding of its built configuration it errs like fast[walk_t=True] (without the
+    fold: q and k normalised and rounded before the prologue, as the emulation's qk_norm rounds them)."""
+    inp = _inputs()
+    ref = recurrent_gated_delta_rule_ref(**inp.kwargs())[0][0].double()
+    assert torch.allclose(eb.emulate(inp, ("bracket",)), ref, rtol=0, atol=1e-2)
+    built = eb.built_configurations()["fold_norm + walk_t"]
+    assert "bracket" in built and not {"wu", "wu_operands", "qk_norm"} & built
+    o, _ = gdnlab.chunk_gated_delta_rule(**inp.kwargs(), backend="fast", walk_t=True, fold_norm=False)
+    kernel = float((o[0].double() - ref).abs().max())
+    emulated = float((eb.emulate(inp, built | {"qk_norm"}) - ref).abs().max())
+    assert 0.5 < emulated / kernel < 2.0
+
+
 def test_it_refuses_unknown_points_and_batches():
     with pytest.raises(ValueError, match="unknown rounding points"):
         eb.emulate(_inputs(), ("state",))
