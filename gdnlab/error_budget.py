@@ -32,7 +32,8 @@ from gdnlab.inputs import GDNInputs
 from gdnlab.kernel_params import BT
 from gdnlab.reference import chunk_gated_delta_rule_ref, l2norm, recurrent_gated_delta_rule_ref
 
-__all__ = ["ROUNDINGS", "PROLOGUE_ROUNDINGS", "WALK_T_ROUNDINGS", "emulate", "configurations", "built_configurations", "budget",
+__all__ = ["ROUNDINGS", "PROLOGUE_ROUNDINGS", "WALK_T_ROUNDINGS", "KNOWN_ROUNDINGS", "emulate", "configurations", "built_configurations",
+           "budget",
            "savings", "largest_saving", "state_in_fp32", "against_device", "built_against_device", "EXACT_TOL",
            "exact_without_roundings"]
 
@@ -46,6 +47,8 @@ PROLOGUE_ROUNDINGS = ("solve", "wu_operands")
 #: V_new = T·(beta (V - exp(G) K·S)) with the bracket rounded (``bracket``) and T as ``solve`` rounds it; W and U
 #: are never formed, so ``wu`` and ``wu_operands`` do not apply there.
 WALK_T_ROUNDINGS = ("bracket",)
+#: Every rounding point emulate knows, in the order the data meets them.
+KNOWN_ROUNDINGS = ROUNDINGS + PROLOGUE_ROUNDINGS + WALK_T_ROUNDINGS
 
 
 def _bf16(x: torch.Tensor) -> torch.Tensor:
@@ -55,10 +58,9 @@ def _bf16(x: torch.Tensor) -> torch.Tensor:
 def emulate(inputs: GDNInputs, rounded: Collection[str] = ROUNDINGS, chunk: int = BT) -> torch.Tensor:
     """The output ``[T, HV, V]`` (float64) of one dense sequence (B = 1, no cu_seqlens) by the chunked form, with
     the rounding points in `rounded` (a subset of :data:`ROUNDINGS`) rounded to bf16."""
-    known = ROUNDINGS + PROLOGUE_ROUNDINGS + WALK_T_ROUNDINGS
-    unknown = set(rounded) - set(known)
+    unknown = set(rounded) - set(KNOWN_ROUNDINGS)
     if unknown:
-        raise ValueError(f"rounded: unknown rounding points {sorted(unknown)}; known: {', '.join(known)}")
+        raise ValueError(f"rounded: unknown rounding points {sorted(unknown)}; known: {', '.join(KNOWN_ROUNDINGS)}")
     walk_t = "bracket" in rounded
     if inputs.q.shape[0] != 1 or inputs.cu_seqlens is not None:
         raise ValueError("inputs: emulate takes one dense sequence (B = 1, no cu_seqlens)")
@@ -90,17 +92,15 @@ def emulate(inputs: GDNInputs, rounded: Collection[str] = ROUNDINGS, chunk: int 
         A = (bc * (kc @ kc.transpose(-1, -2)) * decay).tril(-1)
         eG = G.exp().unsqueeze(-1)
         operands = torch.cat([bc * eG * kc, bc * vc], -1)
-        if walk_t:
+        inv = None  # T itself, where some form rounds it or applies it apart from W and U
+        if walk_t or set(PROLOGUE_ROUNDINGS) & set(rounded):
             eye = torch.eye(n, dtype=f64).expand_as(A)
-            inv = torch.linalg.solve_triangular(A, eye, upper=False, unitriangular=True)
-            v_new = r("solve", inv) @ r("bracket", bc * (vc - eG * (kc @ r("state_for_w", S))))
+            inv = r("solve", torch.linalg.solve_triangular(A, eye, upper=False, unitriangular=True))
+        if walk_t:
+            v_new = inv @ r("bracket", bc * (vc - eG * (kc @ r("state_for_w", S))))
         else:
-            if set(PROLOGUE_ROUNDINGS) & set(rounded):
-                eye = torch.eye(n, dtype=f64).expand_as(A)
-                inv = torch.linalg.solve_triangular(A, eye, upper=False, unitriangular=True)
-                WU = r("solve", inv) @ r("wu_operands", operands)
-            else:
-                WU = torch.linalg.solve_triangular(A, operands, upper=False, unitriangular=True)
+            WU = (inv @ r("wu_operands", operands) if inv is not None
+                  else torch.linalg.solve_triangular(A, operands, upper=False, unitriangular=True))
             W, U = r("wu", WU[..., :K]), r("wu", WU[..., K:])
             v_new = U - W @ r("state_for_w", S)
         scores = r("scores", (qc @ kc.transpose(-1, -2)) * decay)
@@ -151,8 +151,7 @@ def budget(inputs: GDNInputs, lengths: Iterable[int], configs: dict[str, frozens
     for name, rounded in items:
         o = emulate(inputs, rounded)
         for n in lengths:
-            rows.append(dict(config=name, rounded=",".join(x for x in ROUNDINGS + PROLOGUE_ROUNDINGS + WALK_T_ROUNDINGS
-                                                           if x in rounded),
+            rows.append(dict(config=name, rounded=",".join(x for x in KNOWN_ROUNDINGS if x in rounded),
                              seq_len=n, n_chunks=-(-n // BT), max_abs_err=float((o[:n] - ref[:n]).abs().max()),
                              mean_abs_err=float((o[:n] - ref[:n]).abs().mean())))
     return pd.DataFrame(rows)
