@@ -33,8 +33,8 @@ from gdnlab.kernel_params import BT
 from gdnlab.reference import chunk_gated_delta_rule_ref, l2norm, recurrent_gated_delta_rule_ref
 
 __all__ = ["ROUNDINGS", "PROLOGUE_ROUNDINGS", "WALK_T_ROUNDINGS", "KNOWN_ROUNDINGS", "emulate", "configurations",
-           "built_configurations", "budget", "savings", "largest_saving", "state_in_fp32", "against_device", "built_against_device", "EXACT_TOL",
-           "exact_without_roundings"]
+           "built_configurations", "budget", "savings", "largest_saving", "state_in_fp32", "against_device",
+           "built_against_device", "EXACT_TOL", "exact_without_roundings"]
 
 #: The bf16 rounding points of the two-kernel path, in the order the data meets them.
 ROUNDINGS = ("qk_norm", "wu", "state_for_w", "absorb", "v_new", "state_for_output", "scores", "output")
