@@ -26,14 +26,15 @@ def test_gpu_conformance_and_bit_equality(case):
     assert torch.equal(of, o2) and torch.equal(hf, h2) and torch.equal(hs, h2)
 
 
-@pytest.mark.parametrize("backend", ["fast", "auto"])
+@pytest.mark.parametrize("backend, opts", [("fast", {}), ("auto", {}), ("fast", dict(walk_t=True))],
+                         ids=["fast", "auto", "fast-walk_t"])
 @pytest.mark.parametrize("case", CASES + ISOLATION, ids=lambda c: c.name)
-def test_gpu_fast_and_auto_within_budgets(case, backend):
+def test_gpu_fast_and_auto_within_budgets(case, backend, opts):
     inp = case.inputs("cuda")
     kw = inp.kwargs()
     ro, rh = recurrent_gated_delta_rule_ref(**kw)
     rows = valid_rows(inp.cu_seqlens, inp.q.shape[1]).cuda()
-    o, h = gdnlab.chunk_gated_delta_rule(**kw, backend=backend, poison=True)
+    o, h = gdnlab.chunk_gated_delta_rule(**kw, backend=backend, poison=True, **opts)
     assert torch.isfinite(o).all() and torch.isfinite(h).all()
     assert CUTEDSL_OUTPUT.check(o[:, rows], ro[:, rows])[0]
     assert CUTEDSL_STATE.check(h.to(rh.dtype), rh)[0]
@@ -71,9 +72,12 @@ def test_gpu_launches_through_handles_equal_tritons_path(monkeypatch):
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 
-def test_gpu_plan_replay_equals_the_pipeline_eagerly_and_captured():
+@pytest.mark.parametrize("opts", [{}, dict(prologue_programs=2, prologue_tma=True, out_programs=2, out_tma=True),
+                                  dict(walk_t=True)], ids=["fast", "looping", "walk_t"])
+def test_gpu_plan_replay_equals_the_pipeline_eagerly_and_captured(opts):
     """A replayed call (gdnlab.plans) on new values, with stale NaN workspace memory, equals the pipeline bit for
-    bit; captured into a CUDA graph it allocates its own buffers and replays right on values copied in later."""
+    bit; captured into a CUDA graph it allocates its own buffers and replays right on values copied in later. Also
+    with the looping kernels (their segment tables are the chunk plan's, not workspace memory) and with walk_t."""
     from gdnlab import plans
     from gdnlab.inputs import make_inputs
 
@@ -82,12 +86,12 @@ def test_gpu_plan_replay_equals_the_pipeline_eagerly_and_captured():
 
     plans.clear()
     for _ in range(2):  # record, then replay (creates the workspace)
-        gdnlab.chunk_gated_delta_rule(**inputs(0), backend="fast")
+        gdnlab.chunk_gated_delta_rule(**inputs(0), backend="fast", **opts)
     for pool in plans._POOLS.values():
         pool.fill_(255)
     kw = inputs(1)
-    got = gdnlab.chunk_gated_delta_rule(**kw, backend="fast")
-    want = gdnlab.chunk_gated_delta_rule(**kw, backend="fast", poison=True)
+    got = gdnlab.chunk_gated_delta_rule(**kw, backend="fast", **opts)
+    want = gdnlab.chunk_gated_delta_rule(**kw, backend="fast", poison=True, **opts)
     assert torch.isfinite(got[0]).all() and torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
     static = inputs(0)
@@ -95,7 +99,7 @@ def test_gpu_plan_replay_equals_the_pipeline_eagerly_and_captured():
     stream.wait_stream(torch.cuda.current_stream())
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
-        out = gdnlab.chunk_gated_delta_rule(**static, backend="fast")
+        out = gdnlab.chunk_gated_delta_rule(**static, backend="fast", **opts)
     torch.cuda.current_stream().wait_stream(stream)
     for name, t in kw.items():
         if isinstance(t, torch.Tensor):
