@@ -141,16 +141,17 @@ def fast_by_size(programs: int, walkers: int, sms: int) -> dict[str, Any]:
     kernel costs more than the pass over q it saves (1-2% slower). With at most one state-kernel program per
     multiprocessor the walk's loop is pipelined 4 stages deep instead of Triton's 3 (2-3% faster for one sequence of
     1024-65536 tokens); with more, the deeper pipeline's shared memory costs residency (8 x 2048: 7.5% slower, the
-    ragged batch 6%). With that and more than eight prologue programs per multiprocessor (one Qwen3-Next sequence
-    of more than 2048 tokens) the output kernel loops over runs of at least 16 chunks, about four programs per V
-    tile and value head, its tiles through tensor descriptors (0.95x at 32768-65536 tokens; item 40)."""
+    ragged batch 6%). With that and more than 32 prologue programs per multiprocessor (one Qwen3-Next sequence
+    of more than 8192 tokens) the output kernel loops over runs of at least 16 chunks, about four programs per V
+    tile and value head, its tiles through tensor descriptors (0.97x at 32768-65536 tokens on the H200, where at
+    4096-8192 tokens it cost 1.01-1.03x; items 40 and 42)."""
     small = programs <= 2 * sms
     opts: dict[str, Any] = dict(prologue_warps=4 if small else 2, norm_q_in_output=programs <= 4 * sms)
     if small:
         opts["prologue_solve"] = "doubling"
     if walkers <= sms:
         opts.update(num_stages=4, out_stages=3)
-        if programs > 8 * sms:
+        if programs > 32 * sms:
             opts.update(out_programs=4, out_tma=True, out_stages=LOOP_OUT_STAGES)
     return opts
 

@@ -80,16 +80,16 @@ def test_q_norm_in_output_kernel_is_bit_equal_on_cpu():
 
 @pytest.mark.parametrize("programs,warps,nq", [(1, 4, True), (264, 4, True), (265, 2, True), (528, 2, True),
                                                (529, 2, False), (1056, 2, False), (1057, 2, False),
-                                               (10 ** 5, 2, False)])
+                                               (4224, 2, False), (4225, 2, False), (10 ** 5, 2, False)])
 @pytest.mark.parametrize("walkers,deep", [(1, True), (132, True), (133, False), (1280, False)])
 def test_fast_size_rule(programs, warps, nq, walkers, deep):
     """fast's options by size: 4 prologue warps and the doubling solve up to two programs per multiprocessor, the
-    output kernel looping (2 stages) above eight where the walk is pipelined, q normalised in the output
+    output kernel looping (2 stages) above 32 where the walk is pipelined, q normalised in the output
     kernel up to four, the walk pipelined 4 deep up to one state-kernel program per multiprocessor (132 here)."""
     from gdnlab.backends import fast_by_size
     want = dict(prologue_warps=warps, norm_q_in_output=nq, **(dict(prologue_solve="doubling") if warps == 4 else {}),
                 **(dict(num_stages=4, out_stages=3) if deep else {}))
-    if deep and programs > 8 * 132:
+    if deep and programs > 32 * 132:
         want.update(out_programs=4, out_tma=True, out_stages=2)
     assert fast_by_size(programs, walkers, 132) == want
 
