@@ -41,6 +41,11 @@ def backend_calls(be: str, sets: Sequence[Any], **opts: Any) -> list[Callable[[]
 
 def capture(calls: Sequence[Callable[[], Any]]) -> list[Any]:
     """One CUDA graph per call, each captured after a warm-up call."""
+    return [gr for gr, _ in capture_with_outputs(calls)]
+
+
+def capture_with_outputs(calls: Sequence[Callable[[], Any]]) -> list[tuple[Any, Any]]:
+    """capture, each graph with what its captured call returned (the tensors every replay writes)."""
     import torch
     graphs = []
     for c in calls:
@@ -48,8 +53,8 @@ def capture(calls: Sequence[Callable[[], Any]]) -> list[Any]:
         torch.cuda.synchronize()
         gr = torch.cuda.CUDAGraph()
         with torch.cuda.graph(gr):
-            c()
-        graphs.append(gr)
+            out = c()
+        graphs.append((gr, out))
     return graphs
 
 

@@ -108,3 +108,29 @@ def test_gpu_plan_replay_equals_the_pipeline_eagerly_and_captured(opts):
     torch.cuda.synchronize()
     assert torch.equal(out[0], want[0]) and torch.equal(out[1], want[1])
     plans.clear()
+
+
+def test_gpu_calls_on_two_streams_equal_the_same_calls_alone():
+    """Two replayed fast calls issued side by side on two streams (each stream has its own workspace, gdnlab.plans)
+    give what each gives alone: what benchmarks/concurrency.py relies on, and any caller that splits work across
+    streams."""
+    from gdnlab import plans
+    from gdnlab.inputs import make_inputs
+
+    sets = [make_inputs(T=2000, H=2, HV=4, K=128, V=128, seed=s, device="cuda").kwargs() for s in (3, 4)]
+    plans.clear()
+    alone = [gdnlab.chunk_gated_delta_rule(**kw, backend="fast") for kw in sets]
+    streams = torch.cuda.Stream(), torch.cuda.Stream()
+    main = torch.cuda.current_stream()
+    for _ in range(3):
+        got = []
+        for s, kw in zip(streams, sets):
+            s.wait_stream(main)
+            with torch.cuda.stream(s):
+                got.append(gdnlab.chunk_gated_delta_rule(**kw, backend="fast"))
+        for s in streams:
+            main.wait_stream(s)
+        torch.cuda.synchronize()
+        for (o, h), (wo, wh) in zip(got, alone):
+            assert torch.equal(o, wo) and torch.equal(h, wh)
+    plans.clear()
