@@ -6,6 +6,7 @@ ranges could fill."""
 from __future__ import annotations
 
 import statistics
+from typing import Any, Callable
 
 import pandas as pd
 
@@ -66,7 +67,7 @@ def run(ctx: Context, backends: tuple[str, ...] = ("fast",), reps: int = 30) -> 
     return stamp(pd.DataFrame(rows), ctx.env)
 
 
-def _median_ms(fn, reps: int) -> float:
+def _median_ms(fn: Callable[[], Any], reps: int) -> float:
     """Median over `reps` samples of fn's device time (events on the current stream, synchronised per sample)."""
     import torch
     fn()
