@@ -141,10 +141,10 @@ def fast_by_size(programs: int, walkers: int, sms: int) -> dict[str, Any]:
     kernel costs more than the pass over q it saves (1-2% slower). With at most one state-kernel program per
     multiprocessor the walk's loop is pipelined 4 stages deep instead of Triton's 3 (2-3% faster for one sequence of
     1024-65536 tokens); with more, the deeper pipeline's shared memory costs residency (8 x 2048: 7.5% slower, the
-    ragged batch 6%). With that and more than 32 prologue programs per multiprocessor (one Qwen3-Next sequence
-    of more than 8192 tokens) the output kernel loops over runs of at least 16 chunks, about four programs per V
-    tile and value head, its tiles through tensor descriptors (0.97x at 32768-65536 tokens on the H200, where at
-    4096-8192 tokens it cost 1.01-1.03x; items 40 and 42)."""
+    ragged batch 6%). With that and more than 32 prologue programs per multiprocessor (on 132 multiprocessors one
+    Qwen3-Next sequence of more than 132 chunks, 8448 tokens) the output kernel loops over runs of at least 16
+    chunks, about four programs per V tile and value head, its tiles through tensor descriptors (0.97x at
+    32768-65536 tokens on the H200, where at 4096-8192 tokens it cost 1.01-1.03x; items 40 and 42)."""
     small = programs <= 2 * sms
     opts: dict[str, Any] = dict(prologue_warps=4 if small else 2, norm_q_in_output=programs <= 4 * sms)
     if small:

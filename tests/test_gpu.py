@@ -111,13 +111,13 @@ def test_gpu_plan_replay_equals_the_pipeline_eagerly_and_captured(opts):
 
 
 def test_gpu_calls_on_two_streams_equal_the_same_calls_alone():
-    """Two replayed fast calls issued side by side on two streams (each stream has its own workspace, gdnlab.plans)
-    give what each gives alone: what benchmarks/concurrency.py relies on, and any caller that splits work across
-    streams."""
+    """Two replayed eager fast calls issued side by side on two streams (each stream has its own workspace,
+    gdnlab.plans) give what each gives alone, for any caller that splits work across streams. Large enough (1024
+    programs per launch) that the two streams' kernels run at the same time."""
     from gdnlab import plans
     from gdnlab.inputs import make_inputs
 
-    sets = [make_inputs(T=2000, H=2, HV=4, K=128, V=128, seed=s, device="cuda").kwargs() for s in (3, 4)]
+    sets = [make_inputs(T=8192, H=4, HV=8, K=128, V=128, seed=s, device="cuda").kwargs() for s in (3, 4)]
     plans.clear()
     alone = [gdnlab.chunk_gated_delta_rule(**kw, backend="fast") for kw in sets]
     streams = torch.cuda.Stream(), torch.cuda.Stream()
