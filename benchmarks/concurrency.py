@@ -5,9 +5,6 @@ program per V tile and value head, bound by its dependent chain), which a call t
 ranges could fill."""
 from __future__ import annotations
 
-import statistics
-from typing import Any, Callable
-
 import pandas as pd
 
 from benchmarks.context import Context
@@ -20,12 +17,14 @@ OUTPUT = "concurrency.csv"
 SHAPES = [(1, 8192), (1, 32768), (8, 2048), (4, 8192)]
 
 
-def run(ctx: Context, backends: tuple[str, ...] = ("fast",), reps: int = 30) -> pd.DataFrame:
+def run(ctx: Context, backends: tuple[str, ...] = ("fast",)) -> pd.DataFrame:
     """Per shape and backend (the run's --backends when given): median ms of one replay, of two in turn and of two
-    side by side (each over `reps` samples, events around the whole pair), and whether every output after the side
-    by side replays equals the same graph's output replayed alone."""
+    side by side (triton's do_bench, as benchmarks.timing.graph_time: events on the current stream around the whole
+    pair, the L2 flushed before each sample), and whether every output after the side by side replays equals the
+    same graph's output replayed alone."""
     backends = tuple(ctx.backends) if ctx.backends else backends
     import torch
+    import triton
 
     rows = []
     streams = torch.cuda.Stream(), torch.cuda.Stream()
@@ -49,7 +48,7 @@ def run(ctx: Context, backends: tuple[str, ...] = ("fast",), reps: int = 30) -> 
                     for s in streams:
                         main.wait_stream(s)
 
-                times = {name: _median_ms(fn, reps) for name, fn in (
+                times = {name: triton.testing.do_bench(fn, warmup=10, rep=100, return_mode="median") for name, fn in (
                     ("one_ms", g0.replay), ("in_turn_ms", lambda: (g0.replay(), g1.replay())),
                     ("side_by_side_ms", side_by_side))}
                 side_by_side()
@@ -66,18 +65,3 @@ def run(ctx: Context, backends: tuple[str, ...] = ("fast",), reps: int = 30) -> 
         torch.cuda.empty_cache()
     return stamp(pd.DataFrame(rows), ctx.env)
 
-
-def _median_ms(fn: Callable[[], Any], reps: int) -> float:
-    """Median over `reps` samples of fn's device time (events on the current stream, synchronised per sample)."""
-    import torch
-    fn()
-    ts = []
-    for _ in range(reps):
-        torch.cuda.synchronize()
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        ts.append(a.elapsed_time(b))
-    return statistics.median(ts)
