@@ -37,7 +37,7 @@ def run(ctx: Context, backends: tuple[str, ...] = ("fast",)) -> pd.DataFrame:
                 for gr, out in ((g0, out0), (g1, out1)):
                     gr.replay()
                     torch.cuda.synchronize()
-                    alone.append([t.clone() for t in out if t is not None])
+                    alone.append([t.clone() for t in _written(out)])
 
                 def side_by_side() -> None:
                     main = torch.cuda.current_stream()
@@ -53,8 +53,8 @@ def run(ctx: Context, backends: tuple[str, ...] = ("fast",)) -> pd.DataFrame:
                     ("side_by_side_ms", side_by_side))}
                 side_by_side()
                 torch.cuda.synchronize()
-                equal = all(torch.equal(a, b) for out, ref in ((out0, alone[0]), (out1, alone[1]))
-                            for a, b in zip([t for t in out if t is not None], ref))
+                equal = all(torch.equal(a, b) for out, ref in zip((out0, out1), alone)
+                            for a, b in zip(_written(out), ref))
                 rows.append(dict(backend=be, B=B, T=T, tokens=tokens_of(B, T), **times,
                                  side_by_side_over_in_turn=times["side_by_side_ms"] / times["in_turn_ms"],
                                  outputs_equal=equal))
@@ -65,3 +65,7 @@ def run(ctx: Context, backends: tuple[str, ...] = ("fast",)) -> pd.DataFrame:
         torch.cuda.empty_cache()
     return stamp(pd.DataFrame(rows), ctx.env)
 
+
+def _written(out: tuple) -> list:
+    """The tensors a call returned (the final state is None when not asked for)."""
+    return [t for t in out if t is not None]
