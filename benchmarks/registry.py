@@ -41,6 +41,7 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in (
     Experiment("host", "host", "host time per eager call, and a cProfile of fast's"),
     Experiment("auto_overhead", "auto_overhead", "auto's dispatch cost and auto against fast+fn eagerly"),
     Experiment("concurrency", "concurrency", "two independent calls side by side on two streams against in turn"),
+    Experiment("ncu", "ncu", "hardware counters of each kernel of one call (Nsight Compute)"),
 )}
 #: Earlier names of parts, still accepted on the command line.
 ALIASES: dict[str, str] = {"mma": "mma_hardware"}

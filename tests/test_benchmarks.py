@@ -43,3 +43,35 @@ def test_the_command_line_parses_every_part():
     from benchmarks.registry import EXPERIMENTS
     args = parser().parse_args(["--out", "x", "--parts", ",".join(EXPERIMENTS), "--variants", "depth"])
     assert args.study == "depth" and args.parts.split(",") == list(EXPERIMENTS)
+
+
+NCU_TEXT = """==PROF== Connected to process 4242 (/usr/bin/python3.12)
+==PROF== Profiling "prologue_kernel" - 0: 0%....50%....100% - 38 passes
+"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size","Device","CC","Section Name","Metric Name","Metric Unit","Metric Value"
+"0","4242","python3.12","127.0.0.1","prologue_kernel","1","7","(64, 1, 1)","(512, 32, 1)","0","9.0","GPU Speed Of Light Throughput","DRAM Throughput","%","24.51"
+"0","4242","python3.12","127.0.0.1","prologue_kernel","1","7","(64, 1, 1)","(512, 32, 1)","0","9.0","GPU Speed Of Light Throughput","Duration","us","1,942.15"
+"1","4242","python3.12","127.0.0.1","fwd_h_kernel(int, float)","1","7","(128, 1, 1)","(4, 32, 1)","0","9.0","Launch Statistics","Registers Per Thread","register/thread","255"
+"1","4242","python3.12","127.0.0.1","fwd_h_kernel(int, float)","1","7","(128, 1, 1)","(4, 32, 1)","0","9.0","Occupancy","Occupancy Limit Registers","block","n/a"
+==PROF== Disconnected from process 4242
+"""
+
+
+def test_ncu_output_parses_to_one_row_per_kernel_and_metric():
+    from benchmarks import ncu
+    df = ncu.parse(NCU_TEXT)
+    assert list(df.kernel) == ["prologue_kernel", "prologue_kernel", "fwd_h_kernel", "fwd_h_kernel"]
+    assert df.value.iloc[1] == 1942.15 and df.value.iloc[2] == 255 and df.value.isna().iloc[3]
+    assert list(df.launch) == [0, 0, 1, 1] and df.unit.iloc[0] == "%"
+    with pytest.raises(ValueError, match="no CSV header"):
+        ncu.parse("==PROF== No kernels were profiled.\n")
+
+
+def test_ncu_part_records_a_missing_profiler_instead_of_stopping(monkeypatch):
+    from benchmarks import ncu
+    from benchmarks.context import Context
+    monkeypatch.setattr(ncu, "ncu_path", lambda: None)
+    env = dict(device="cpu", torch="t", triton="3", date="d")
+    df = ncu.run(Context(env=env, out="unused", backends=["fast"]))
+    assert len(df) == len(ncu.SHAPES) and df.error.str.contains("ncu not found").all()
+    cmd = ncu.command("/x/ncu", "fast", 1, 32768)
+    assert cmd[:3] == ["/x/ncu", "--clock-control", "none"] and cmd[-4:] == ["--target", "fast", "1", "32768"]

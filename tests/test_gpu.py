@@ -72,6 +72,18 @@ def test_gpu_launches_through_handles_equal_tritons_path(monkeypatch):
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 
+@pytest.mark.parametrize("warps", [2, 4])
+@pytest.mark.parametrize("cols", [64, 32])
+def test_gpu_w_and_u_by_column_blocks_equal_fast(cols, warps):
+    """prologue_wu_cols (speed notes item 47) gives fast's bits on the GPU too, at both prologue warp counts."""
+    from gdnlab.inputs import make_inputs
+    kw = make_inputs(seqlens=[300, 1, 64, 200], H=2, HV=4, K=128, V=128, seed=9, device="cuda").kwargs()
+    want = gdnlab.chunk_gated_delta_rule(**kw, backend="fast", prologue_warps=warps)
+    got = gdnlab.chunk_gated_delta_rule(**kw, backend="fast", prologue_warps=warps, prologue_wu_cols=cols,
+                                        poison=True)
+    assert torch.isfinite(got[0]).all() and torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
 @pytest.mark.parametrize("opts", [{}, dict(prologue_programs=2, prologue_tma=True, out_programs=2, out_tma=True),
                                   dict(walk_t=True)], ids=["fast", "looping", "walk_t"])
 def test_gpu_plan_replay_equals_the_pipeline_eagerly_and_captured(opts):
