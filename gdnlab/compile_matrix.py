@@ -202,14 +202,21 @@ def _gpu_target(name: str) -> Any:
 
 def _ast_source(fn: Any, args: dict[str, str], cx: dict[str, Any]) -> Any:
     """ASTSource for the installed Triton: 3.3+ (constexprs=, name keys), 3.2 (constants=, name keys) or
-    3.0/3.1 (constants=, argument-index keys, signature without constexprs)."""
+    3.0/3.1 (constants=, argument-index keys, signature without constexprs).
+
+    From 3.3 every pointer argument is marked 16-byte aligned (tt.divisibility 16), as Triton's JIT marks a launch
+    whose tensors start so (every torch allocation does): without it the compiler cannot widen loads and stores,
+    and the registers, spills and instructions of a build are not those of the kernel that runs (speed notes item
+    49). Integer arguments stay unmarked: their divisibility depends on the call. Older releases take attributes in
+    other forms and are built without them (the release sweep records only whether a build succeeds)."""
     import triton
     from triton.compiler import ASTSource
     v = _version_key(triton.__version__)
     names = list(fn.arg_names)
     if v >= (3, 3):
         sig = {n: args.get(n, "constexpr") for n in names}
-        return ASTSource(fn=fn, signature=sig, constexprs=cx)
+        aligned = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if str(sig[n]).startswith("*")}
+        return ASTSource(fn=fn, signature=sig, constexprs=cx, attrs=aligned)
     if v >= (3, 2):
         sig = {n: args.get(n, "constexpr") for n in names}
         return ASTSource(fn=fn, signature=sig, constants=cx)

@@ -375,3 +375,18 @@ def test_kernel_assignments_are_flat_for_triton_3_6():
                     targets = node.targets if isinstance(node, ast.Assign) else []
                     nested += [f"{m.name}.{name}: line {node.lineno}" for t in targets if not _flat_target(t)]
     assert seen > 30 and not nested, nested
+
+
+def test_builds_mark_pointer_arguments_aligned_as_the_jit_does():
+    """Without tt.divisibility on its pointers a build cannot widen its loads, and its registers and spills are not
+    the launched kernel's (speed notes item 49): every pointer argument is marked, no integer one."""
+    import triton
+    if cm._version_key(triton.__version__) < (3, 3):
+        pytest.skip("attributes are passed only from Triton 3.3")
+    spec = cm.launch_spec("prologue_fold", None)
+    src = cm._ast_source(spec.fn, spec.signature, spec.constexprs)
+    names = list(spec.fn.arg_names)
+    marked = {names[k[0]] for k, v in src.attrs.items() if ["tt.divisibility", 16] in v}
+    pointers = {n for n, t in spec.signature.items() if t.startswith("*")}
+    assert pointers and marked == pointers
+    assert not marked & {n for n, t in spec.signature.items() if t[0] == "i"}
