@@ -155,7 +155,8 @@ def stage_traffic(in_situ: pd.DataFrame, copy_bw_GBps: float, *, backend: str = 
 def slowest_mover(traffic: pd.DataFrame, kernel: str = "prologue_kernel") -> Finding:
     """`kernel` moves its bytes at the lowest fraction of copy speed of fast's kernels at every shape of
     :func:`stage_traffic`'s table: the kernel whose time its bytes explain least."""
-    t = traffic.pivot_table(index="tokens", columns="kernel", values="of_copy_bw")
+    t = traffic.pivot_table(index=["B", "T"], columns="kernel", values="of_copy_bw", sort=False)  # not by tokens:
+    # 1x32768 and 4x8192 have the same tokens and would be averaged
     lowest = t.idxmin(axis=1)
     if not (lowest == kernel).all():
         raise _fail(f"slowest_mover: {kernel} is not the slowest mover at every shape", lowest.to_dict())
@@ -167,8 +168,8 @@ def slowest_mover(traffic: pd.DataFrame, kernel: str = "prologue_kernel") -> Fin
 
 
 def design_floor(traffic: pd.DataFrame, copy_bw_GBps: float) -> pd.Series:
-    """Per shape (labelled as gdnlab.speed labels bench rows: "1x512", "varlen"), ms that fast's counted bytes (all four kernels) take at `copy_bw_GBps`: what no
-    tuning of these kernels can go below without moving fewer bytes."""
+    """Per shape (labelled as gdnlab.speed labels bench rows: "1x512", "varlen"), ms that fast's counted bytes (all
+    four kernels) take at `copy_bw_GBps`: what no tuning of these kernels can go below without moving fewer bytes."""
     mb = traffic.groupby(["B", "T"], sort=False).MB.sum()
     mb.index = _shape_labels(mb.index.to_frame(index=False))
     return (mb / copy_bw_GBps).rename("floor_ms")
