@@ -272,6 +272,13 @@ def _solve_masked(a, BT: tl.constexpr, SOLVE: tl.constexpr):
 
 
 @triton.jit
+def _t_times_scaled(t, x, f):
+    """T (bf16) times the rows of x scaled by f in fp32 and rounded to bf16: W = T diag(beta exp(G)) K and
+    U = T diag(beta) V without SPLIT, whole rows or column blocks alike."""
+    return tl.dot(t, (x.to(tl.float32) * f[:, None]).to(tl.bfloat16))
+
+
+@triton.jit
 def _split_dot(a, b):
     """a @ b for fp32 a and bf16 b, with a as the sum of two bf16 terms (its rounding and the remainder's): about
     16 significant bits of a instead of 8, two tensor-core dots."""
@@ -508,12 +515,10 @@ def _prologue_chunk(bos, eos, i_t, i_hv, kd, vd, wd, ud, q_ptr, k_ptr, v_ptr, g_
             wf = beta * tl.exp(g_row)
             for c0 in tl.static_range(0, KP, WU_COLS):
                 kc = load_rows(k_ptr + i_h * K, rows, mrow, H * K, c0, WU_COLS, K)
-                store_rows(w_ptr + i_hv * K, rows, mrow, HV * K, c0,
-                           tl.dot(t, (kc.to(tl.float32) * wf[:, None]).to(tl.bfloat16)), WU_COLS, K)
+                store_rows(w_ptr + i_hv * K, rows, mrow, HV * K, c0, _t_times_scaled(t, kc, wf), WU_COLS, K)
             for c0 in tl.static_range(0, VP, WU_COLS):
                 vc = load_rows(v_ptr + i_hv * V, rows, mrow, HV * V, c0, WU_COLS, V)
-                store_rows(u_ptr + i_hv * V, rows, mrow, HV * V, c0,
-                           tl.dot(t, (vc.to(tl.float32) * beta[:, None]).to(tl.bfloat16)), WU_COLS, V)
+                store_rows(u_ptr + i_hv * V, rows, mrow, HV * V, c0, _t_times_scaled(t, vc, beta), WU_COLS, V)
         else:
             # k is loaded (and normalised) again rather than kept live across the solve: the form the H200 runs
             # measured; the Hopper build spills the same 848 B either way (docs/speed-notes.md).
@@ -521,13 +526,13 @@ def _prologue_chunk(bos, eos, i_t, i_hv, kd, vd, wd, ud, q_ptr, k_ptr, v_ptr, g_
             if SPLIT:
                 w = _split_dot(t32 * (beta * tl.exp(g_row))[None, :], kt)
             else:
-                w = tl.dot(t, (kt.to(tl.float32) * (beta * tl.exp(g_row))[:, None]).to(tl.bfloat16))
+                w = _t_times_scaled(t, kt, beta * tl.exp(g_row))
             store_tile(w_ptr + i_hv * K, wd, rows, mrow, HV * K, r0, 0, w, KP, K, TMA)
             vt = load_tile(v_ptr + i_hv * V, vd, rows, mrow, HV * V, r0, 0, VP, V, TMA)
             if SPLIT:
                 u = _split_dot(t32 * beta[None, :], vt)
             else:
-                u = tl.dot(t, (vt.to(tl.float32) * beta[:, None]).to(tl.bfloat16))
+                u = _t_times_scaled(t, vt, beta)
             store_tile(u_ptr + i_hv * V, ud, rows, mrow, HV * V, r0, 0, u, VP, V, TMA)
 
 
