@@ -26,7 +26,7 @@ from matplotlib.figure import Figure
 from gdnlab import runs
 from gdnlab.findings import Finding, Summary, _fail
 from gdnlab.kernel_params import BT, cdiv
-from gdnlab.speed import _shape_labels
+from gdnlab.speed import _shape_labels, provenance
 
 #: fast's kernels in launch order (the names in_situ.csv gives them).
 FAST_KERNELS = ("log_norm_kernel", "prologue_kernel", "fwd_h_kernel", "fwd_o_kernel")
@@ -150,6 +150,14 @@ def stage_traffic(in_situ: pd.DataFrame, copy_bw_GBps: float, *, backend: str = 
     if not out:
         raise ValueError("in_situ: no shape whose sequence lengths are known (pass `lengths` for ragged rows)")
     return pd.DataFrame(out)
+
+
+def from_run(device: str = "h200", run: str | None = None, *,
+             lengths: Mapping[str, Sequence[int]] | None = None) -> tuple[str, pd.DataFrame, float]:
+    """:func:`load` then :func:`stage_traffic`: the run's id, its traffic table (with the run's device, torch,
+    Triton and seed columns, so it can be saved as derived data) and its copy bandwidth."""
+    run, in_situ, bw = load(device, run)
+    return run, stage_traffic(in_situ, bw, lengths=lengths).assign(**provenance(in_situ)), bw
 
 
 def slowest_mover(traffic: pd.DataFrame, kernel: str = "prologue_kernel") -> Finding:

@@ -108,3 +108,13 @@ def test_floor_beaten_names_the_shapes_below_the_floor():
         traffic.floor_beaten(fl, slow, "peer")
     with pytest.raises(AssertionError, match="no shape"):
         traffic.floor_beaten(fl, bench.assign(shape=["9x9", "9x10", "9x11", "9x12"]), "peer")
+
+
+def test_from_run_is_load_then_stage_traffic_with_provenance():
+    lengths = {"varlen": [3000, 17, 512, 1, 4096, 700, 64, 129, 2048, 333]}
+    run, t, bw = traffic.from_run("h200", lengths=lengths)
+    at, in_situ, bw_loaded = traffic.load("h200", run)
+    assert (at, bw) == (run, bw_loaded)
+    pd.testing.assert_frame_equal(t.drop(columns=["device", "torch", "triton", "seed"]),
+                                  traffic.stage_traffic(in_situ, bw, lengths=lengths))
+    assert (t.device == in_situ.device.iloc[0]).all()
