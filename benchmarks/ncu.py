@@ -31,6 +31,13 @@ SHAPES = [(1, 32768), (8, 2048)]
 SECTIONS = ("SpeedOfLight", "Occupancy", "LaunchStats", "WarpStateStats", "MemoryWorkloadAnalysis",
             "ComputeWorkloadAnalysis", "SchedulerStats")
 TIMEOUT_S = 300
+#: Warp stall reasons, each as warps stalled for it per issued instruction: the details page shows WarpStateStats's
+#: totals but not its per-reason chart, so these are asked for by name (a run whose ncu lacks one falls back to the
+#: sections alone).
+STALLS = ("long_scoreboard", "short_scoreboard", "mio_throttle", "math_pipe_throttle", "wait", "barrier",
+          "not_selected", "selected", "dispatch_stall", "lg_throttle", "no_instruction", "branch_resolving",
+          "membar", "drain", "sleeping", "tex_throttle", "imc_miss", "misc")
+STALL_METRICS = tuple(f"smsp__average_warps_issue_stalled_{r}_per_issue_active.ratio" for r in STALLS)
 
 
 def ncu_path() -> str | None:
@@ -39,10 +46,12 @@ def ncu_path() -> str | None:
                                        None)
 
 
-def command(ncu: str, backend: str, B: Any, T: Any) -> list[str]:
-    """The ncu command line that profiles one `backend` call at shape (B, T) in a child process."""
+def command(ncu: str, backend: str, B: Any, T: Any, *, stalls: bool = True) -> list[str]:
+    """The ncu command line that profiles one `backend` call at shape (B, T) in a child process (with the stall
+    metrics by name unless `stalls` is False)."""
     sections = [a for s in SECTIONS for a in ("--section", s)]
-    return [ncu, "--clock-control", "none", "--profile-from-start", "off", "--csv", *sections,
+    metrics = ["--metrics", ",".join(STALL_METRICS)] if stalls else []
+    return [ncu, "--clock-control", "none", "--profile-from-start", "off", "--csv", *sections, *metrics,
             sys.executable, "-m", "benchmarks.ncu", "--target", backend, str(B), str(T)]
 
 
@@ -76,6 +85,10 @@ def run(ctx: Context, backends: tuple[str, ...] = ("fast",)) -> pd.DataFrame:
                 if ncu is None:
                     raise RuntimeError("ncu not found on PATH or under /opt/nvidia/nsight-compute/")
                 done = subprocess.run(command(ncu, be, B, T), capture_output=True, text=True, timeout=TIMEOUT_S)
+                if done.returncode != 0 and "metric" in (done.stderr + done.stdout).lower():
+                    log("ncu", be, B, T, "stall metrics refused, sections alone:", done.stderr[-200:])
+                    done = subprocess.run(command(ncu, be, B, T, stalls=False), capture_output=True, text=True,
+                                          timeout=TIMEOUT_S)
                 if done.returncode != 0:
                     raise RuntimeError(f"ncu exited {done.returncode}: {(done.stderr or done.stdout)[-600:]}")
                 frames.append(parse(done.stdout).assign(**base))

@@ -75,3 +75,4 @@ def test_ncu_part_records_a_missing_profiler_instead_of_stopping(monkeypatch):
     assert len(df) == len(ncu.SHAPES) and df.error.str.contains("ncu not found").all()
     cmd = ncu.command("/x/ncu", "fast", 1, 32768)
     assert cmd[:3] == ["/x/ncu", "--clock-control", "none"] and cmd[-4:] == ["--target", "fast", "1", "32768"]
+    assert "--metrics" in cmd and "--metrics" not in ncu.command("/x/ncu", "fast", 1, 32768, stalls=False)
