@@ -84,6 +84,16 @@ def test_gpu_w_and_u_by_column_blocks_equal_fast(cols, warps):
     assert torch.isfinite(got[0]).all() and torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 
+@pytest.mark.parametrize("cap", [192, 128])
+def test_gpu_capped_prologue_registers_equal_fast(cap):
+    """prologue_maxnreg (speed notes item 50) only makes the compiler spill: the same bits as fast."""
+    from gdnlab.inputs import make_inputs
+    kw = make_inputs(seqlens=[300, 1, 64, 200], H=2, HV=4, K=128, V=128, seed=9, device="cuda").kwargs()
+    want = gdnlab.chunk_gated_delta_rule(**kw, backend="fast", prologue_warps=2)
+    got = gdnlab.chunk_gated_delta_rule(**kw, backend="fast", prologue_warps=2, prologue_maxnreg=cap, poison=True)
+    assert torch.isfinite(got[0]).all() and torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
 @pytest.mark.parametrize("opts", [{}, dict(prologue_programs=2, prologue_tma=True, out_programs=2, out_tma=True),
                                   dict(walk_t=True)], ids=["fast", "looping", "walk_t"])
 def test_gpu_plan_replay_equals_the_pipeline_eagerly_and_captured(opts):

@@ -146,3 +146,6 @@ def test_w_and_u_by_column_blocks_refuse_what_they_do_not_take():
     for opts in (dict(fuse_norm=True), dict(split_wu=True), dict(store_t=True), dict(solve="by_blocks")):
         with pytest.raises(ValueError, match="wu_cols: takes neither"):
             run_prologue(*args, plan, True, wu_cols=32, **opts)
+    for bad in (-1, 16, 256):
+        with pytest.raises(ValueError, match="maxnreg: must be"):
+            run_prologue(*args, plan, True, maxnreg=bad)

@@ -647,7 +647,7 @@ def run_prologue(q, k, v, g, beta, plan: ChunkPlan, use_qk_l2norm: bool, poison:
                  fuse_norm: bool = False, num_warps: int = 4, solve: str = SOLVE,
                  norm_q_in_output: bool = False, index64: bool | None = None, fold_norm: bool = False,
                  split_wu: bool = False, programs: int = 0, stages: int = 2, tma: bool = False,
-                 store_t: bool = False, wu_cols: int = 0) -> Prologue:
+                 store_t: bool = False, wu_cols: int = 0, maxnreg: int = 0) -> Prologue:
     """Launch the shared prologue on flattened `[tokens, heads, D]` tensors. The q/k l2-norm runs as two launches
     of l2norm_kernel (as the two-kernel pipeline does) or, with `fuse_norm`, inside the prologue kernel; with
     `norm_q_in_output` only k's runs here and q's is left to the output kernel (Prologue.norm_q). With `fold_norm`
@@ -660,7 +660,10 @@ def run_prologue(q, k, v, g, beta, plan: ChunkPlan, use_qk_l2norm: bool, poison:
     STORE_T; Prologue.t), for a state kernel that applies T itself (two_kernel's walk_t); not with split_wu, tma or
     the "by_blocks" solve. `wu_cols`: W and U formed and stored that many columns at a time (its WU_COLS; 0: whole
     rows), a power of two from 16 up to K's and V's padded widths; not with the in-kernel norm (fuse_norm),
-    split_wu, tma, store_t or the "by_blocks" solve."""
+    split_wu, tma, store_t or the "by_blocks" solve. `maxnreg`: the registers a thread may use (0: the compiler's
+    choice, up to 255); fewer let more programs share a multiprocessor at the cost of spills (item 50)."""
+    if maxnreg and not 32 <= maxnreg <= 255:
+        raise ValueError(f"maxnreg: must be 0 or from 32 to 255, got {maxnreg!r}")
     if programs < 0 or stages < 1:
         raise ValueError(f"programs, stages: need programs >= 0 and stages >= 1, got {programs!r}, {stages!r}")
     if tma and solve == "by_blocks":
@@ -704,6 +707,6 @@ def run_prologue(q, k, v, g, beta, plan: ChunkPlan, use_qk_l2norm: bool, poison:
                LOOP_STAGES=stages, TMA=tma,
                VP=pow2(V), BT=BT, NORM=norm_inside, SOLVE=solve, num_warps=num_warps, device=dev,
                I64=wide_index(q, v, t if store_t else w) if index64 is None else index64, FOLD=fold,
-               SPLIT=split_wu, STORE_T=store_t, WU_COLS=wu_cols)
+               SPLIT=split_wu, STORE_T=store_t, WU_COLS=wu_cols, **({"maxnreg": maxnreg} if maxnreg else {}))
     return Prologue(qn, kn, g_cum, w, u, norm_q, g_q, g_k, t, log_norms[1] if fold and store_t else None,
                     beta if store_t else None)
