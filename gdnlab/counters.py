@@ -1,0 +1,121 @@
+"""What Nsight Compute says bounds each of a call's kernels (benchmarks --parts ncu, ncu.csv).
+
+ncu.csv holds every metric ncu printed, one row per kernel and metric; :func:`table` keeps, per shape and kernel,
+the few that say whether a kernel waits on memory or on itself: its duration, DRAM and SM throughput against the
+card's peaks, registers, theoretical and achieved occupancy, cycles between a warp's instructions, and the stall
+reason that holds its warps longest (:func:`stalls`: warps stalled for each reason per issued instruction, ncu's
+``smsp__average_warps_issue_stalled_*_per_issue_active.ratio``). :func:`stalls_figure` draws the stall reasons of
+each kernel side by side. ncu replays each kernel with the clocks as they are, so durations compare with the
+in-situ profile's only roughly; the ratios and counts are the point.
+"""
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import pandas as pd
+from matplotlib.figure import Figure
+
+from gdnlab.findings import Summary
+
+#: Column of :func:`table` -> the metric's name as ncu's details page prints it.
+METRICS = {
+    "duration_us": "Duration",
+    "dram_pct": "DRAM Throughput",
+    "sm_pct": "Compute (SM) Throughput",
+    "registers": "Registers Per Thread",
+    "theoretical_occupancy_pct": "Theoretical Occupancy",
+    "achieved_occupancy_pct": "Achieved Occupancy",
+    "cycles_per_issue": "Warp Cycles Per Issued Instruction",
+}
+#: Microseconds per unit of ncu's duration units.
+_TO_US = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3, "s": 1e6, "second": 1e6}
+STALL_PREFIX = "smsp__average_warps_issue_stalled_"
+STALL_SUFFIX = "_per_issue_active.ratio"
+_KEYS = ["backend", "B", "T", "kernel"]
+
+
+def _profiled(ncu: pd.DataFrame) -> pd.DataFrame:
+    """The rows of ncu.csv that hold a metric (rows of a failed shape carry only `error`)."""
+    missing = [c for c in (*_KEYS, "metric", "value") if c not in ncu]
+    if missing:
+        raise ValueError(f"ncu: not an ncu.csv table (no column {', '.join(missing)})")
+    got = ncu[ncu.metric.notna()]
+    if got.empty:
+        errors = ncu["error"].dropna().unique().tolist() if "error" in ncu else []
+        raise ValueError(f"ncu: no kernel was profiled ({'; '.join(errors)[:300] or 'no rows'})")
+    return got
+
+
+def stalls(ncu: pd.DataFrame) -> pd.DataFrame:
+    """Per backend, shape and kernel (rows) the warps stalled for each reason per issued instruction (columns,
+    by reason: long_scoreboard, math_pipe_throttle, ...); empty when the run did not ask for them."""
+    got = _profiled(ncu)
+    s = got[got.metric.str.startswith(STALL_PREFIX) & got.metric.str.endswith(STALL_SUFFIX)]
+    s = s.assign(reason=s.metric.str[len(STALL_PREFIX):-len(STALL_SUFFIX)])
+    return s.pivot_table(index=_KEYS, columns="reason", values="value", aggfunc="first", sort=False)
+
+
+def table(ncu: pd.DataFrame) -> pd.DataFrame:
+    """Per backend, shape and kernel (in launch order): METRICS's columns (duration in us whatever unit ncu
+    printed) and, where the run has them, the longest stall reason and its share of all stalls."""
+    got = _profiled(ncu)
+    rows = []
+    for keys, g in got.groupby(_KEYS, sort=False):
+        by = g.drop_duplicates("metric").set_index("metric")
+        row = dict(zip(_KEYS, keys))
+        for col, name in METRICS.items():
+            row[col] = float(by.value[name]) if name in by.index else float("nan")
+        if "Duration" in by.index:
+            unit = str(by.unit["Duration"])
+            if unit not in _TO_US:
+                raise ValueError(f"ncu: duration of {keys[-1]} in an unknown unit {unit!r}")
+            row["duration_us"] *= _TO_US[unit]
+        rows.append(row)
+    out = pd.DataFrame(rows)
+    st = stalls(ncu)
+    if not st.empty:
+        top = st.idxmax(axis=1).rename("top_stall")
+        share = (st.max(axis=1) / st.sum(axis=1)).rename("top_stall_share")
+        out = out.merge(pd.concat([top, share], axis=1).reset_index(), on=_KEYS, how="left")
+    return out
+
+
+def counters_summary(tab: pd.DataFrame, kernel: str = "prologue_kernel") -> Summary:
+    """`kernel`'s row of :func:`table` at each shape, in words (nothing asserted)."""
+    k = tab[tab.kernel == kernel]
+    if k.empty:
+        raise ValueError(f"table: no rows of {kernel!r} (kernels: {', '.join(tab.kernel.unique())})")
+    parts = []
+    for _, r in k.iterrows():
+        stall = (f", longest stall {r.top_stall} ({r.top_stall_share:.0%} of stalls)"
+                 if "top_stall" in r and isinstance(r.top_stall, str) else "")
+        parts.append(f"{r.B}x{r['T']}: {r.registers:.0f} registers, occupancy {r.achieved_occupancy_pct:.1f}% "
+                     f"achieved of {r.theoretical_occupancy_pct:.1f}%, DRAM {r.dram_pct:.0f}% and SM "
+                     f"{r.sm_pct:.0f}% of peak{stall}")
+    return Summary(f"{kernel} under ncu: " + "; ".join(parts) + ".",
+                   k.set_index(["B", "T"]).drop(columns=["backend", "kernel"]).round(3).to_dict("index"))
+
+
+def stalls_figure(ncu: pd.DataFrame, *, top: int = 6) -> Figure:
+    """Stall reasons (warps per issued instruction) of each kernel, one panel per shape: the `top` reasons over
+    all kernels, the rest summed as "other"."""
+    st = stalls(ncu)
+    if st.empty:
+        raise ValueError("ncu: the run has no stall metrics (benchmarks.ncu.STALL_METRICS)")
+    keep = st.sum().sort_values(ascending=False).index[:top]
+    st = st[keep].assign(other=st.drop(columns=keep).sum(axis=1))
+    shapes = list(dict.fromkeys(zip(st.index.get_level_values("B"), st.index.get_level_values("T"))))
+    fig, axes = plt.subplots(1, len(shapes), figsize=(4.2 * len(shapes), 3.4), squeeze=False, sharex=True)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for ax, (B, T) in zip(axes[0], shapes):
+        s = st.xs((B, T), level=("B", "T")).droplevel("backend")
+        left = pd.Series(0.0, index=s.index)
+        for i, reason in enumerate(s.columns):
+            ax.barh([k.replace("_kernel", "") for k in s.index], s[reason], left=left,
+                    color=colors[i % len(colors)] if reason != "other" else "0.75", label=reason)
+            left += s[reason]
+        ax.invert_yaxis()
+        ax.set(title=f"{B} x {T}", xlabel="warps stalled per issued instruction")
+    axes[0][-1].legend(fontsize=7, frameon=False, loc="lower right")
+    fig.suptitle("Where each kernel's warps wait (Nsight Compute)", fontsize=10)
+    fig.tight_layout()
+    return fig
