@@ -514,9 +514,11 @@ def ablation_view(abl: pd.DataFrame) -> pd.DataFrame:
 WALL_TIME_COLUMN = re.compile(r"(^|_)seconds$")
 
 
-#: How tables write floats: 12 significant digits, so that float64 results whose last digits depend on the CPU's
-#: summation order (vector width, BLAS paths) rewrite the same bytes on another machine.
-TABLE_FLOAT = "%.12g"
+#: How tables write floats: 10 significant digits, so that float64 results whose last digits depend on the CPU's
+#: summation order (vector width, BLAS paths) rewrite the same bytes on another machine (12 were not enough between
+#: an AVX-512 machine and the one before it). Values that are round-off themselves (notebook 09's run with no
+#: rounding, about 1e-16) still differ between machines.
+TABLE_FLOAT = "%.10g"
 
 
 def save_table(df: pd.DataFrame | Sequence[pd.DataFrame], out_dir: str | Path | None, name: str) -> Path | None:
