@@ -16,6 +16,7 @@ import io
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -91,7 +92,11 @@ def run(ctx: Context, backends: tuple[str, ...] = ("fast",)) -> pd.DataFrame:
                                           timeout=TIMEOUT_S)
                 if done.returncode != 0:
                     raise RuntimeError(f"ncu exited {done.returncode}: {(done.stderr or done.stdout)[-600:]}")
-                frames.append(parse(done.stdout).assign(**base))
+                try:
+                    frames.append(parse(done.stdout).assign(**base))
+                except ValueError:  # keep what ncu printed, to read by hand
+                    Path(ctx.out, f"ncu_{B}x{T}.txt").write_text(done.stdout[-2_000_000:] + done.stderr[-20_000:])
+                    raise
                 log("ncu", be, B, T, frames[-1].kernel.nunique(), "kernels")
             except Exception as e:  # noqa: BLE001
                 frames.append(pd.DataFrame([dict(base, error=repr(e)[:600])]))
