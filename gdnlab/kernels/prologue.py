@@ -661,7 +661,8 @@ def run_prologue(q, k, v, g, beta, plan: ChunkPlan, use_qk_l2norm: bool, poison:
     the "by_blocks" solve. `wu_cols`: W and U formed and stored that many columns at a time (its WU_COLS; 0: whole
     rows), a power of two from 16 up to K's and V's padded widths; not with the in-kernel norm (fuse_norm),
     split_wu, tma, store_t or the "by_blocks" solve. `maxnreg`: the registers a thread may use (0: the compiler's
-    choice, up to 255); fewer let more programs share a multiprocessor at the cost of spills (item 50)."""
+    choice, up to 255; an NVIDIA launch option); fewer let more programs share a multiprocessor at the cost of
+    spills (item 50)."""
     if maxnreg and not 32 <= maxnreg <= 255:
         raise ValueError(f"maxnreg: must be 0 or from 32 to 255, got {maxnreg!r}")
     if programs < 0 or stages < 1:
