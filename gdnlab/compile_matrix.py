@@ -133,15 +133,23 @@ def launch_spec(kernel: str, BV: int | None) -> LaunchSpec:
                       use_qk_l2norm=True)
     with recorded_launches() as got:
         gdnlab.chunk_gated_delta_rule(**inp.kwargs(), backend=backend, **opts)
-    call = next(c for c in got if c.kernel.__name__ == name)
+    spec = spec_of(next(c for c in got if c.kernel.__name__ == name))
+    if BV is not None and spec.constexprs.get("BV") != BV:
+        raise AssertionError(f"{kernel}: the recorded launch has BV={spec.constexprs.get('BV')!r}, not {BV}")
+    return spec
+
+
+def spec_of(call: Any) -> LaunchSpec:
+    """A launch recorded by gdnlab.interp.recorded_launches as what a build compiles: the type of each runtime
+    argument and every constexpr, those the wrapper leaves at their defaults included (launch options such as
+    num_warps are not constexprs and are left out)."""
+    from gdnlab.handles import LAUNCH_OPTIONS
     params = list(call.kernel.params)
     signature = {p.name: _arg_type(a) for p, a in zip(params, call.args)}
-    cx = {k: v for k, v in call.kwargs.items() if k not in ("num_warps", "num_stages")}
-    for p in params:  # constexprs the wrapper leaves at their defaults
+    cx = {k: v for k, v in call.kwargs.items() if k not in LAUNCH_OPTIONS}
+    for p in params:
         if p.is_constexpr and p.name not in cx and p.name not in signature:
             cx[p.name] = p.default
-    if BV is not None and cx.get("BV") != BV:
-        raise AssertionError(f"{kernel}: the recorded launch has BV={cx.get('BV')!r}, not {BV}")
     return LaunchSpec(call.kernel, signature, cx)
 
 

@@ -30,7 +30,7 @@ except ImportError:  # Tritons before knobs: no direct path there (DIRECT_TRITON
 #: with every parameter of the signature, constexprs included.
 DIRECT_TRITONS = ("3.6",)
 #: Launch options of ``kernel[grid](...)`` that are not kernel parameters.
-_OPTIONS = frozenset({"num_warps", "num_stages", "num_ctas", "maxnreg", "launch_pdl"})
+LAUNCH_OPTIONS = frozenset({"num_warps", "num_stages", "num_ctas", "maxnreg", "launch_pdl"})
 #: Compiled launches by (id of the kernel, device, grid length, keyword arguments, argument specialisation).
 _HANDLES: dict[tuple, tuple[Any, tuple]] = {}
 _LIMIT = 1024
@@ -123,7 +123,7 @@ def launch(kernel: Any, grid: Sequence[int], args: Sequence[Any], kwargs: dict[s
         if len(_HANDLES) >= _LIMIT:
             _HANDLES.pop(next(iter(_HANDLES)))
         _HANDLES[key] = _entry(compiled, _tail(kernel, len(args),
-                                               {k: v for k, v in kwargs.items() if k not in _OPTIONS}))
+                                               {k: v for k, v in kwargs.items() if k not in LAUNCH_OPTIONS}))
         _KERNELS[id(kernel)] = kernel  # keeps id(kernel) from being reused while its handles are cached
         return
     call, head, tail = entry

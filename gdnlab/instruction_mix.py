@@ -1,0 +1,157 @@
+"""The static instruction mix of one of the lab's kernels as Triton builds it for Hopper (sm_90), on any machine.
+
+The compile matrix (gdnlab.compile_matrix) says whether a build compiles and what registers, spills and matrix
+instructions it has; it does not say where a kernel's instructions go. For a kernel bound by latency rather than
+by its bytes (fast's prologue, speed notes item 46) that is the question: how many of its instructions are matrix
+products, FMA arithmetic, shared-memory traffic and barriers (Triton's layout conversions go through shared
+memory, each behind a barrier), and how many layout conversions its TTGIR asks for. :func:`mix` builds a kernel
+exactly as a recorded call of the public entry point launches it (pointer arguments 16-byte aligned, as Triton's
+JIT marks them), with constexprs optionally replaced (a study form such as the prologue's SOLVE="identity"), and
+counts both. Static counts, not executed ones: straight-line kernels such as the prologue run each about once.
+
+    python -m gdnlab.instruction_mix --backend fast --kernel prologue_kernel prologue_warps=2 prologue_solve=blocks
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import re
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+#: The opcode classes :func:`groups` sums (SASS opcodes without their modifiers).
+GROUPS: dict[str, tuple[str, ...]] = {
+    "matrix": ("HMMA", "HGMMA", "WGMMA"),
+    "fp32 arithmetic": ("FFMA", "FADD", "FMUL", "FSEL", "FSETP", "FMNMX", "MUFU"),
+    "shared memory": ("LDS", "STS", "LDSM", "STSM"),
+    "barriers": ("BAR",),
+    "shuffles": ("SHFL",),
+    "global memory": ("LDG", "STG", "LDGSTS", "UTMALDG", "UTMASTG"),
+    "local memory (spills)": ("LDL", "STL"),
+    "conversions": ("F2FP", "F2F", "I2F", "F2I", "HMUL2", "PRMT"),
+}
+_OPCODE = re.compile(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_]*)", re.M)
+
+
+@dataclass(frozen=True)
+class Mix:
+    """One build's SASS opcodes (modifiers dropped) with their static counts, and its TTGIR's layout conversions,
+    shared-memory buffers and dots."""
+
+    opcodes: collections.Counter
+    convert_layouts: int
+    local_allocs: int
+    dots: int
+
+    @property
+    def total(self) -> int:
+        return sum(self.opcodes.values())
+
+    def groups(self) -> dict[str, int]:
+        """Static counts per class of GROUPS, then everything else and the total."""
+        out = {g: sum(self.opcodes[o] for o in ops) for g, ops in GROUPS.items()}
+        out["other"] = self.total - sum(out.values())
+        out["total"] = self.total
+        return out
+
+
+def recorded_spec(backend: str, kernel: str, **options: Any) -> tuple[Any, dict[str, Any]]:
+    """The LaunchSpec (gdnlab.compile_matrix) and launch options (num_warps, ...) with which one call of
+    `backend` with `options` launches `kernel`, on CPU tensors of the compile matrix's sizes (one chunk, an
+    initial state, q/k l2-normalised). Pass the options that depend on the call's size (fast_by_size's) explicitly:
+    this call is small."""
+    import torch
+
+    import gdnlab
+    from gdnlab.compile_matrix import SIZES, spec_of
+    from gdnlab.handles import LAUNCH_OPTIONS
+    from gdnlab.inputs import make_inputs
+    from gdnlab.interp import recorded_launches
+    from gdnlab.kernel_params import BT
+
+    inp = make_inputs(B=1, T=BT, **SIZES, seed=0, dtype=torch.bfloat16, state_dtype=torch.float32,
+                      use_qk_l2norm=True)
+    with recorded_launches() as got:
+        gdnlab.chunk_gated_delta_rule(**inp.kwargs(), backend=backend, **options)
+    calls = [c for c in got if c.kernel.__name__ == kernel]
+    if not calls:
+        raise ValueError(f"kernel: {backend} launches no {kernel!r} "
+                         f"(it launches {', '.join(dict.fromkeys(c.kernel.__name__ for c in got))})")
+    return spec_of(calls[0]), {k: v for k, v in calls[0].kwargs.items() if k in LAUNCH_OPTIONS}
+
+
+def mix(backend: str, kernel: str, *, replace: dict[str, Any] | None = None, num_stages: int = 3,
+        **options: Any) -> Mix:
+    """Build `kernel` for sm_90 as `backend` with `options` launches it (its constexprs in `replace` swapped for
+    the given values) and count its SASS opcodes and TTGIR operations."""
+    import triton
+
+    from gdnlab.compile_matrix import _ast_source, _gpu_target
+
+    spec, launch = recorded_spec(backend, kernel, **options)
+    cx = dict(spec.constexprs)
+    for name, value in (replace or {}).items():
+        if name not in cx:
+            raise ValueError(f"replace: {kernel} has no constexpr {name!r}")
+        cx[name] = value
+    opts = dict(num_warps=launch.get("num_warps", 4), num_stages=num_stages)
+    if launch.get("maxnreg"):
+        opts["maxnreg"] = launch["maxnreg"]
+    k = triton.compile(_ast_source(spec.fn, spec.signature, cx), target=_gpu_target("cuda:90"), options=opts)
+    ttgir = k.asm["ttgir"]
+    return Mix(collections.Counter(o.split(".")[0] for o in _OPCODE.findall(_disassemble(k.asm["cubin"]))),
+               convert_layouts=len(re.findall(r"ttg\.convert_layout\b", ttgir)),
+               local_allocs=len(re.findall(r"ttg\.local_alloc\b", ttgir)),
+               dots=len(re.findall(r"\btt\.dot\b|\bttng\.warp_group_dot\b", ttgir)))
+
+
+def _disassemble(cubin: bytes) -> str:
+    """SASS text of a cubin, by the nvdisasm Triton ships."""
+    import triton
+    nvdisasm = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "nvdisasm"
+    if not nvdisasm.exists():
+        raise RuntimeError(f"no nvdisasm at {nvdisasm} (this Triton ships none)")
+    with tempfile.TemporaryDirectory() as d:
+        p = Path(d) / "k.cubin"
+        p.write_bytes(cubin)
+        done = subprocess.run([str(nvdisasm), "-c", str(p)], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"nvdisasm failed: {done.stderr[-300:]}")
+    return done.stdout
+
+
+def _value(text: str) -> Any:
+    """An option's value from the command line: int, bool, else the string."""
+    if text in ("True", "False"):
+        return text == "True"
+    try:
+        return int(text)
+    except ValueError:
+        return text
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m gdnlab.instruction_mix", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--backend", default="fast")
+    ap.add_argument("--kernel", default="prologue_kernel")
+    ap.add_argument("--replace", action="append", default=[], metavar="CONSTEXPR=VALUE",
+                    help="build with this constexpr swapped (repeatable), e.g. SOLVE=identity")
+    ap.add_argument("options", nargs="*", metavar="OPTION=VALUE", help="the backend's call options")
+    a = ap.parse_args(argv)
+    pairs = [o.split("=", 1) for o in [*a.options, *a.replace]]
+    if any(len(p) != 2 for p in pairs):
+        ap.error("options and --replace take NAME=VALUE")
+    opts = {k: _value(v) for k, v in (o.split("=", 1) for o in a.options)}
+    rep = {k: _value(v) for k, v in (o.split("=", 1) for o in a.replace)}
+    m = mix(a.backend, a.kernel, replace=rep, **opts)
+    print(f"{a.kernel} of {a.backend} {opts} {rep or ''}: TTGIR {m.dots} dots, {m.convert_layouts} layout "
+          f"conversions, {m.local_allocs} shared-memory buffers")
+    for g, n in m.groups().items():
+        print(f"  {g:24s} {n:6d}")
+
+
+if __name__ == "__main__":
+    main()
