@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import glob
 import io
+import re
 import shutil
 import subprocess
 import sys
@@ -37,7 +38,7 @@ TIMEOUT_S = 300
 #: sections alone).
 STALLS = ("long_scoreboard", "short_scoreboard", "mio_throttle", "math_pipe_throttle", "wait", "barrier",
           "not_selected", "selected", "dispatch_stall", "lg_throttle", "no_instruction", "branch_resolving",
-          "membar", "drain", "sleeping", "tex_throttle", "imc_miss", "misc")
+          "membar", "drain", "sleeping", "tex_throttle", "imc_miss", "misc", "gmma")  # gmma: Hopper's wgmma
 STALL_METRICS = tuple(f"smsp__average_warps_issue_stalled_{r}_per_issue_active.ratio" for r in STALLS)
 
 
@@ -54,6 +55,12 @@ def command(ncu: str, backend: str, B: Any, T: Any, *, stalls: bool = True) -> l
     metrics = ["--metrics", ",".join(STALL_METRICS)] if stalls else []
     return [ncu, "--clock-control", "none", "--profile-from-start", "off", "--csv", *sections, *metrics,
             sys.executable, "-m", "benchmarks.ncu", "--target", backend, str(B), str(T)]
+
+
+def metric_errors(text: str) -> list[str]:
+    """ncu's error lines about metrics (an unknown name on this card or ncu), which make the part retry without
+    the stall metrics."""
+    return [ln for ln in text.splitlines() if ln.startswith("==ERROR==") and "metric" in ln.lower()]
 
 
 def parse(text: str) -> pd.DataFrame:
@@ -86,8 +93,9 @@ def run(ctx: Context, backends: tuple[str, ...] = ("fast",)) -> pd.DataFrame:
                 if ncu is None:
                     raise RuntimeError("ncu not found on PATH or under /opt/nvidia/nsight-compute/")
                 done = subprocess.run(command(ncu, be, B, T), capture_output=True, text=True, timeout=TIMEOUT_S)
-                if done.returncode != 0 and "metric" in (done.stderr + done.stdout).lower():
-                    log("ncu", be, B, T, "stall metrics refused, sections alone:", done.stderr[-200:])
+                refused = metric_errors(done.stdout + done.stderr)
+                if refused:
+                    log("ncu", be, B, T, "stall metrics refused, sections alone:", refused[0][:200])
                     done = subprocess.run(command(ncu, be, B, T, stalls=False), capture_output=True, text=True,
                                           timeout=TIMEOUT_S)
                 if done.returncode != 0:
@@ -95,7 +103,8 @@ def run(ctx: Context, backends: tuple[str, ...] = ("fast",)) -> pd.DataFrame:
                 try:
                     frames.append(parse(done.stdout).assign(**base))
                 except ValueError:  # keep what ncu printed, to read by hand
-                    Path(ctx.out, f"ncu_{B}x{T}.txt").write_text(done.stdout[-2_000_000:] + done.stderr[-20_000:])
+                    name = re.sub(r"[^A-Za-z0-9._-]", "_", f"ncu_{be}_{B}x{T}.txt")
+                    Path(ctx.out, name).write_text(done.stdout[-2_000_000:] + done.stderr[-20_000:])
                     raise
                 log("ncu", be, B, T, frames[-1].kernel.nunique(), "kernels")
             except Exception as e:  # noqa: BLE001

@@ -30,18 +30,23 @@ METRICS = {
 _TO_US = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3, "s": 1e6, "second": 1e6}
 STALL_PREFIX = "smsp__average_warps_issue_stalled_"
 STALL_SUFFIX = "_per_issue_active.ratio"
-_KEYS = ["backend", "B", "T", "kernel"]
+#: A kernel's rows: ncu's launch index keeps apart two launches of one kernel in a call (two l2-norm launches).
+_KEYS = ["backend", "B", "T", "launch", "kernel"]
+#: Reasons ncu counts that are not waiting: "selected" is the issuing warp itself (about 1 per issue).
+NOT_STALLS = ("selected",)
 
 
 def _profiled(ncu: pd.DataFrame) -> pd.DataFrame:
     """The rows of ncu.csv that hold a metric (rows of a failed shape carry only `error`)."""
-    missing = [c for c in (*_KEYS, "metric", "value") if c not in ncu]
+    got = ncu[ncu.metric.notna()] if "metric" in ncu else ncu.iloc[:0]
+    if got.empty and "error" in ncu:  # every shape failed: its rows carry only `error`
+        errors = ncu["error"].dropna().unique().tolist()
+        raise ValueError(f"ncu: no kernel was profiled ({'; '.join(errors)[:300] or 'no rows'})")
+    missing = [c for c in (*_KEYS, "metric", "value", "unit") if c not in ncu]
     if missing:
         raise ValueError(f"ncu: not an ncu.csv table (no column {', '.join(missing)})")
-    got = ncu[ncu.metric.notna()]
     if got.empty:
-        errors = ncu["error"].dropna().unique().tolist() if "error" in ncu else []
-        raise ValueError(f"ncu: no kernel was profiled ({'; '.join(errors)[:300] or 'no rows'})")
+        raise ValueError("ncu: no kernel was profiled (no rows)")
     return got
 
 
@@ -55,8 +60,9 @@ def stalls(ncu: pd.DataFrame) -> pd.DataFrame:
 
 
 def table(ncu: pd.DataFrame) -> pd.DataFrame:
-    """Per backend, shape and kernel (in launch order): METRICS's columns (duration in us whatever unit ncu
-    printed) and, where the run has them, the longest stall reason and its share of all stalls."""
+    """Per backend, shape and kernel launch (in launch order): METRICS's columns (duration in us whatever unit ncu
+    printed) and, where the run has them, the longest stall reason and its share of all stalls ("selected", the
+    issuing warp, left out of both)."""
     got = _profiled(ncu)
     rows = []
     for keys, g in got.groupby(_KEYS, sort=False):
@@ -71,7 +77,7 @@ def table(ncu: pd.DataFrame) -> pd.DataFrame:
             row["duration_us"] *= _TO_US[unit]
         rows.append(row)
     out = pd.DataFrame(rows)
-    st = stalls(ncu)
+    st = stalls(ncu).drop(columns=list(NOT_STALLS), errors="ignore")
     if not st.empty:
         top = st.idxmax(axis=1).rename("top_stall")
         share = (st.max(axis=1) / st.sum(axis=1)).rename("top_stall_share")
@@ -92,7 +98,7 @@ def counters_summary(tab: pd.DataFrame, kernel: str = "prologue_kernel") -> Summ
                      f"achieved of {r.theoretical_occupancy_pct:.1f}%, DRAM {r.dram_pct:.0f}% and SM "
                      f"{r.sm_pct:.0f}% of peak{stall}")
     return Summary(f"{kernel} under ncu: " + "; ".join(parts) + ".",
-                   k.set_index(["B", "T"]).drop(columns=["backend", "kernel"]).round(3).to_dict("index"))
+                   k.set_index(["B", "T", "launch"]).drop(columns=["backend", "kernel"]).round(3).to_dict("index"))
 
 
 def stalls_figure(ncu: pd.DataFrame, *, top: int = 6) -> Figure:
@@ -107,7 +113,7 @@ def stalls_figure(ncu: pd.DataFrame, *, top: int = 6) -> Figure:
     fig, axes = plt.subplots(1, len(shapes), figsize=(4.2 * len(shapes), 3.4), squeeze=False, sharex=True)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for ax, (B, T) in zip(axes[0], shapes):
-        s = st.xs((B, T), level=("B", "T")).droplevel("backend")
+        s = st.xs((B, T), level=("B", "T")).droplevel(["backend", "launch"])
         left = pd.Series(0.0, index=s.index)
         for i, reason in enumerate(s.columns):
             ax.barh([k.replace("_kernel", "") for k in s.index], s[reason], left=left,

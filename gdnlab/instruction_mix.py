@@ -83,10 +83,10 @@ def recorded_spec(backend: str, kernel: str, **options: Any) -> tuple[Any, dict[
     return spec_of(calls[0]), {k: v for k, v in calls[0].kwargs.items() if k in LAUNCH_OPTIONS}
 
 
-def mix(backend: str, kernel: str, *, replace: dict[str, Any] | None = None, num_stages: int = 3,
-        **options: Any) -> Mix:
-    """Build `kernel` for sm_90 as `backend` with `options` launches it (its constexprs in `replace` swapped for
-    the given values) and count its SASS opcodes and TTGIR operations."""
+def mix(backend: str, kernel: str, *, replace: dict[str, Any] | None = None, **options: Any) -> Mix:
+    """Build `kernel` for sm_90 as `backend` with `options` launches it (warps, stages and register cap as the
+    call passes them, Triton's defaults where it passes none; its constexprs in `replace` swapped for the given
+    values) and count its SASS opcodes and TTGIR operations."""
     import triton
 
     from gdnlab.compile_matrix import _ast_source, _gpu_target
@@ -97,7 +97,7 @@ def mix(backend: str, kernel: str, *, replace: dict[str, Any] | None = None, num
         if name not in cx:
             raise ValueError(f"replace: {kernel} has no constexpr {name!r}")
         cx[name] = value
-    opts = dict(num_warps=launch.get("num_warps", 4), num_stages=num_stages)
+    opts = dict(num_warps=launch.get("num_warps", 4), num_stages=launch.get("num_stages", 3))
     if launch.get("maxnreg"):
         opts["maxnreg"] = launch["maxnreg"]
     k = triton.compile(_ast_source(spec.fn, spec.signature, cx), target=_gpu_target("cuda:90"), options=opts)

@@ -272,7 +272,7 @@ def launch(kernel: JITFunction, grid: Sequence[int], *args: Any, device: torch.d
     if (device.type if isinstance(device, torch.device) else torch.device(device).type) == "cuda":
         handles.launch(kernel, grid, args, kwargs)
         return
-    kwargs = {k: v for k, v in kwargs.items() if k not in ("num_warps", "num_stages", "maxnreg")}
+    kwargs = {k: v for k, v in kwargs.items() if k not in handles.LAUNCH_OPTIONS}
     with _interpreting():
         _interpreted(kernel)[tuple(grid)](*args, **kwargs)
 

@@ -76,3 +76,6 @@ def test_ncu_part_records_a_missing_profiler_instead_of_stopping(monkeypatch):
     cmd = ncu.command("/x/ncu", "fast", 1, 32768)
     assert cmd[:3] == ["/x/ncu", "--clock-control", "none"] and cmd[-4:] == ["--target", "fast", "1", "32768"]
     assert "--metrics" in cmd and "--metrics" not in ncu.command("/x/ncu", "fast", 1, 32768, stalls=False)
+    text = '"ID","Metric Name"\n==ERROR== Failed to find metric smsp__x_per_issue_active.ratio\n==PROF== done'
+    assert ncu.metric_errors(text) == ["==ERROR== Failed to find metric smsp__x_per_issue_active.ratio"]
+    assert ncu.metric_errors(NCU_TEXT) == []

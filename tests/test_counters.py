@@ -18,7 +18,8 @@ def _line(launch, kernel, section, metric, unit, value):
 def _ncu(prologue_long=3.0, duration=("ms", "1.25")):
     from benchmarks import ncu
     lines = [HEAD]
-    for launch, kernel, stall in ((0, "prologue_kernel", prologue_long), (1, "fwd_h_kernel", 0.5)):
+    for launch, kernel, stall in ((0, "prologue_kernel", prologue_long), (1, "fwd_h_kernel", 0.5),
+                                  (2, "fwd_h_kernel", 0.25)):
         lines += [_line(launch, kernel, "GPU Speed Of Light Throughput", "Duration", *duration),
                   _line(launch, kernel, "GPU Speed Of Light Throughput", "DRAM Throughput", "%", "24.5"),
                   _line(launch, kernel, "GPU Speed Of Light Throughput", "Compute (SM) Throughput", "%", "31"),
@@ -27,7 +28,8 @@ def _ncu(prologue_long=3.0, duration=("ms", "1.25")):
                   _line(launch, kernel, "Occupancy", "Achieved Occupancy", "%", "11.9"),
                   _line(launch, kernel, "Warp State Statistics", "Warp Cycles Per Issued Instruction", "cycle",
                         "20.1")]
-        for reason, v in (("long_scoreboard", stall), ("math_pipe_throttle", 1.0), ("wait", 0.7)):
+        for reason, v in (("long_scoreboard", stall), ("math_pipe_throttle", 1.0), ("wait", 0.7),
+                          ("selected", 9.0)):
             lines.append(_line(launch, kernel, "Command line profiler metrics",
                                f"{counters.STALL_PREFIX}{reason}{counters.STALL_SUFFIX}", "", v))
     return ncu.parse("\n".join(lines)).assign(backend="fast", B=1, T=32768)
@@ -35,9 +37,11 @@ def _ncu(prologue_long=3.0, duration=("ms", "1.25")):
 
 def test_table_keeps_the_metrics_and_the_longest_stall():
     t = counters.table(_ncu())
-    assert list(t.kernel) == ["prologue_kernel", "fwd_h_kernel"]
+    assert list(t.kernel) == ["prologue_kernel", "fwd_h_kernel", "fwd_h_kernel"]  # two launches stay two rows
+    assert list(t.launch) == [0, 1, 2]
     p = t.iloc[0]
     assert p.duration_us == 1250.0 and p.registers == 255 and p.achieved_occupancy_pct == 11.9
+    # "selected" (the issuing warp, 9.0 here) is no stall: neither the top reason nor in the share's total
     assert p.top_stall == "long_scoreboard" and p.top_stall_share == pytest.approx(3.0 / 4.7)
     assert t.iloc[1].top_stall == "math_pipe_throttle"
     assert counters.table(_ncu(duration=("usecond", "980"))).duration_us.iloc[0] == 980.0
@@ -48,8 +52,7 @@ def test_refuses_what_is_not_a_profile():
     with pytest.raises(ValueError, match="unknown unit"):
         counters.table(_ncu(duration=("fortnight", "1")))
     with pytest.raises(ValueError, match="no kernel was profiled"):
-        counters.table(pd.DataFrame(dict(backend=["fast"], B=[1], T=[512], kernel=[None], metric=[None],
-                                         value=[None], error=["RuntimeError('ncu not found')"])))
+        counters.table(pd.DataFrame(dict(backend=["fast"], B=[1], T=[512], error=["RuntimeError('ncu not found')"])))
     with pytest.raises(ValueError, match="not an ncu.csv"):
         counters.table(pd.DataFrame(dict(a=[1])))
 
