@@ -22,6 +22,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import matplotlib.pyplot as plt
+import pandas as pd
+from matplotlib.figure import Figure
+
+from gdnlab.findings import Finding, _fail
+
 #: The opcode classes :func:`groups` sums (SASS opcodes without their modifiers).
 GROUPS: dict[str, tuple[str, ...]] = {
     "matrix": ("HMMA", "HGMMA", "WGMMA"),
@@ -110,10 +116,71 @@ def mix(backend: str, kernel: str, *, replace: dict[str, Any] | None = None, **o
                dots=len(re.findall(r"\btt\.dot\b|\bttng\.warp_group_dot\b", ttgir)))
 
 
+def available() -> bool:
+    """Whether this machine can count SASS: the installed Triton ships an nvdisasm."""
+    return _nvdisasm().exists()
+
+
+def prologue_forms(solves: tuple[str, ...] = ("blocks", "moves", "doubling", "tf32x3"), *,
+                   warps: int = 2) -> dict[str, Mix]:
+    """fast's prologue (the fold) at `warps` warps with each of `solves`, and "no solve" (the first solve's build
+    with SOLVE="identity", the study form whose T is the identity): what each solve adds to the rest."""
+    out = {s: mix("fast", "prologue_kernel", prologue_warps=warps, prologue_solve=s) for s in solves}
+    out["no solve"] = mix("fast", "prologue_kernel", replace={"SOLVE": "identity"}, prologue_warps=warps,
+                          prologue_solve=solves[0])
+    return out
+
+
+def table(mixes: dict[str, Mix]) -> pd.DataFrame:
+    """One row per build: the static count of each class of GROUPS, the rest, the total, and the TTGIR's dots,
+    layout conversions and shared-memory buffers."""
+    rows = {name: dict(m.groups(), dots=m.dots, layout_conversions=m.convert_layouts,
+                       shared_buffers=m.local_allocs) for name, m in mixes.items()}
+    df = pd.DataFrame.from_dict(rows, orient="index")
+    df.index.name = "build"
+    return df
+
+
+def solve_cost(tab: pd.DataFrame, solve: str = "blocks", without: str = "no solve") -> Finding:
+    """The `solve` build against the build with no solve: the solve adds no matrix instruction (its products run
+    on the FMA units), but layout conversions and barriers. Raises when any of the three does not hold."""
+    a, b = tab.loc[solve], tab.loc[without]
+    d = a - b
+    if d["matrix"] != 0 or d["layout_conversions"] <= 0 or d["barriers"] <= 0:
+        raise _fail(f"solve_cost: {solve} against {without} is not 'no matrix instructions, more conversions and "
+                    "barriers'", d.to_dict())
+    return Finding(f"The {solve} solve adds {d['total']:.0f} of the prologue's {a['total']:.0f} static "
+                   f"instructions and no matrix instruction ({a['matrix']:.0f} with it and without): its "
+                   f"{d['dots']:.0f} dots run on the FMA units (+{d['fp32 arithmetic']:.0f} fp32 instructions), "
+                   f"and it brings {d['layout_conversions']:.0f} layout conversions, +{d['shared memory']:.0f} "
+                   f"shared-memory instructions, +{d['barriers']:.0f} barriers and +{d['shuffles']:.0f} shuffles.",
+                   dict(with_solve=a.to_dict(), without=b.to_dict()))
+
+
+def figure(tab: pd.DataFrame) -> Figure:
+    """Each build's static instructions by class, as stacked horizontal bars."""
+    classes = [*GROUPS, "other"]
+    fig, ax = plt.subplots(figsize=(7.2, 0.5 * len(tab) + 1.6))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    left = pd.Series(0.0, index=tab.index)
+    for i, c in enumerate(classes):
+        ax.barh(tab.index, tab[c], left=left, color=colors[i % len(colors)] if c != "other" else "0.8", label=c)
+        left += tab[c]
+    ax.invert_yaxis()
+    ax.set(xlabel="static SASS instructions (sm_90)", title="fast's prologue: where its instructions go")
+    ax.legend(fontsize=7, frameon=False, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.25))
+    fig.tight_layout()
+    return fig
+
+
+def _nvdisasm() -> Path:
+    import triton
+    return Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "nvdisasm"
+
+
 def _disassemble(cubin: bytes) -> str:
     """SASS text of a cubin, by the nvdisasm Triton ships."""
-    import triton
-    nvdisasm = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "nvdisasm"
+    nvdisasm = _nvdisasm()
     if not nvdisasm.exists():
         raise RuntimeError(f"no nvdisasm at {nvdisasm} (this Triton ships none)")
     with tempfile.TemporaryDirectory() as d:

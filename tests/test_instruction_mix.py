@@ -39,3 +39,18 @@ def test_the_solve_is_what_the_identity_form_drops():
     assert full.opcodes["HMMA"] == none.opcodes["HMMA"] > 0
     assert full.dots > none.dots and full.convert_layouts > none.convert_layouts
     assert full.groups()["barriers"] > none.groups()["barriers"] and full.total > none.total
+
+
+def _mix(conv=0, dots=1, **ops):
+    return im.Mix(collections.Counter(ops), convert_layouts=conv, local_allocs=2, dots=dots)
+
+
+def test_solve_cost_is_asserted_and_the_table_draws():
+    tab = im.table({"blocks": _mix(HMMA=10, FFMA=50, BAR=9, LDS=7, conv=5, dots=4),
+                    "no solve": _mix(HMMA=10, FFMA=5, BAR=2, conv=1, dots=1)})
+    assert list(tab.index) == ["blocks", "no solve"] and tab.loc["blocks", "total"] == 76
+    assert "4 layout conversions" in str(im.solve_cost(tab))
+    on_tensor_cores = im.table({"blocks": _mix(HMMA=12, BAR=9, conv=5), "no solve": _mix(HMMA=10, BAR=2, conv=1)})
+    with pytest.raises(AssertionError, match="solve_cost"):
+        im.solve_cost(on_tensor_cores)
+    assert len(im.figure(tab).axes[0].patches) == 2 * (len(im.GROUPS) + 1)
