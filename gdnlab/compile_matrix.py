@@ -115,12 +115,6 @@ def launch_spec(kernel: str, BV: int | None) -> LaunchSpec:
     two-kernel build's (TWO_KERNEL_BUILDS); BV goes to the option that sets this kernel's V tile (the output
     kernel's is out_BV, which takes 128 where the state kernel's BV stops at 64; the other kernels are then launched
     at their default)."""
-    import torch
-
-    import gdnlab
-    from gdnlab.inputs import make_inputs
-    from gdnlab.interp import recorded_launches
-
     fused = FUSED_VARIANTS.get(kernel)
     build = None if fused else TWO_KERNEL_BUILDS[kernel]
     backend, opts = ("fused_shipped", dict(fused.options)) if fused else ("two_kernel", dict(build.options))
@@ -128,15 +122,31 @@ def launch_spec(kernel: str, BV: int | None) -> LaunchSpec:
         if BV not in KERNEL_BVS[kernel]:
             raise ValueError(f"BV: {kernel} takes one of {', '.join(map(str, KERNEL_BVS[kernel]))}, got {BV!r}")
         opts["BV" if fused else build.bv_option] = BV
-    name = jit_fn(kernel)
-    inp = make_inputs(B=1, T=BT, **SIZES, seed=0, dtype=torch.bfloat16, state_dtype=torch.float32,
-                      use_qk_l2norm=True)
-    with recorded_launches() as got:
-        gdnlab.chunk_gated_delta_rule(**inp.kwargs(), backend=backend, **opts)
-    spec = spec_of(next(c for c in got if c.kernel.__name__ == name))
+    spec = spec_of(recorded_launch(backend, jit_fn(kernel), **opts))
     if BV is not None and spec.constexprs.get("BV") != BV:
         raise AssertionError(f"{kernel}: the recorded launch has BV={spec.constexprs.get('BV')!r}, not {BV}")
     return spec
+
+
+def recorded_launch(backend: str, fn_name: str, **options: Any) -> Any:
+    """The first launch of the jit function `fn_name` in one call of `backend` with `options` on CPU tensors of
+    SIZES (one chunk, an initial state, the final state stored, q/k l2-normalised), recorded, not run
+    (gdnlab.interp.recorded_launches)."""
+    import torch
+
+    import gdnlab
+    from gdnlab.inputs import make_inputs
+    from gdnlab.interp import recorded_launches
+
+    inp = make_inputs(B=1, T=BT, **SIZES, seed=0, dtype=torch.bfloat16, state_dtype=torch.float32,
+                      use_qk_l2norm=True)
+    with recorded_launches() as got:
+        gdnlab.chunk_gated_delta_rule(**inp.kwargs(), backend=backend, **options)
+    call = next((c for c in got if c.kernel.__name__ == fn_name), None)
+    if call is None:
+        raise ValueError(f"kernel: {backend} launches no {fn_name!r} "
+                         f"(it launches {', '.join(dict.fromkeys(c.kernel.__name__ for c in got))})")
+    return call
 
 
 def spec_of(call: Any) -> LaunchSpec:
@@ -352,10 +362,15 @@ def _ptxas_log_resources(log: str) -> tuple[str, str] | None:
     return regs.group(1), str(int(st.group(1)) + int(ld.group(1) if ld else 0))
 
 
+def nvidia_bin() -> Path:
+    """The folder of the NVIDIA tools the installed Triton ships (ptxas, nvdisasm, ...)."""
+    import triton
+    return Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+
+
 def _nvidia_resources(ptx: str) -> tuple[str, str]:
     """(registers, spill bytes) from ptxas -v on the PTX, with the ptxas Triton ships."""
-    import triton
-    bins = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+    bins = nvidia_bin()
     arch = re.search(r"^\.target\s+(\w+)", ptx, re.M)
     log = ""
     # Releases ship one or two ptxas builds; use the first that accepts this PTX version.

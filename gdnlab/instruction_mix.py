@@ -66,27 +66,13 @@ class Mix:
 
 def recorded_spec(backend: str, kernel: str, **options: Any) -> tuple[Any, dict[str, Any]]:
     """The LaunchSpec (gdnlab.compile_matrix) and launch options (num_warps, ...) with which one call of
-    `backend` with `options` launches `kernel`, on CPU tensors of the compile matrix's sizes (one chunk, an
-    initial state, q/k l2-normalised). Pass the options that depend on the call's size (fast_by_size's) explicitly:
-    this call is small."""
-    import torch
-
-    import gdnlab
-    from gdnlab.compile_matrix import SIZES, spec_of
+    `backend` with `options` launches `kernel` (compile_matrix.recorded_launch: a one-chunk call). Pass the
+    options that depend on the call's size (fast_by_size's) explicitly: this call is small."""
+    from gdnlab.compile_matrix import recorded_launch, spec_of
     from gdnlab.handles import LAUNCH_OPTIONS
-    from gdnlab.inputs import make_inputs
-    from gdnlab.interp import recorded_launches
-    from gdnlab.kernel_params import BT
 
-    inp = make_inputs(B=1, T=BT, **SIZES, seed=0, dtype=torch.bfloat16, state_dtype=torch.float32,
-                      use_qk_l2norm=True)
-    with recorded_launches() as got:
-        gdnlab.chunk_gated_delta_rule(**inp.kwargs(), backend=backend, **options)
-    calls = [c for c in got if c.kernel.__name__ == kernel]
-    if not calls:
-        raise ValueError(f"kernel: {backend} launches no {kernel!r} "
-                         f"(it launches {', '.join(dict.fromkeys(c.kernel.__name__ for c in got))})")
-    return spec_of(calls[0]), {k: v for k, v in calls[0].kwargs.items() if k in LAUNCH_OPTIONS}
+    call = recorded_launch(backend, kernel, **options)
+    return spec_of(call), {k: v for k, v in call.kwargs.items() if k in LAUNCH_OPTIONS}
 
 
 def mix(backend: str, kernel: str, *, replace: dict[str, Any] | None = None, **options: Any) -> Mix:
@@ -174,8 +160,8 @@ def figure(tab: pd.DataFrame) -> Figure:
 
 
 def _nvdisasm() -> Path:
-    import triton
-    return Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "nvdisasm"
+    from gdnlab.compile_matrix import nvidia_bin
+    return nvidia_bin() / "nvdisasm"
 
 
 def _disassemble(cubin: bytes) -> str:
@@ -210,11 +196,9 @@ def main(argv: list[str] | None = None) -> None:
                     help="build with this constexpr swapped (repeatable), e.g. SOLVE=identity")
     ap.add_argument("options", nargs="*", metavar="OPTION=VALUE", help="the backend's call options")
     a = ap.parse_args(argv)
-    pairs = [o.split("=", 1) for o in [*a.options, *a.replace]]
-    if any(len(p) != 2 for p in pairs):
+    if any("=" not in o for o in [*a.options, *a.replace]):
         ap.error("options and --replace take NAME=VALUE")
-    opts = {k: _value(v) for k, v in (o.split("=", 1) for o in a.options)}
-    rep = {k: _value(v) for k, v in (o.split("=", 1) for o in a.replace)}
+    opts, rep = ({k: _value(v) for k, _, v in (o.partition("=") for o in given)} for given in (a.options, a.replace))
     m = mix(a.backend, a.kernel, replace=rep, **opts)
     print(f"{a.kernel} of {a.backend} {opts} {rep or ''}: TTGIR {m.dots} dots, {m.convert_layouts} layout "
           f"conversions, {m.local_allocs} shared-memory buffers")

@@ -2,14 +2,9 @@
 from __future__ import annotations
 
 import collections
-from pathlib import Path
-
 import pytest
-import triton
 
 from gdnlab import instruction_mix as im
-
-NVDISASM = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "nvdisasm"
 
 
 def test_opcodes_are_read_without_modifiers_or_predicates():
@@ -29,7 +24,7 @@ def test_refuses_a_kernel_the_call_does_not_launch_or_a_constexpr_it_lacks():
         im.mix("fast", "prologue_kernel", replace={"NOPE": 1}, prologue_warps=2)
 
 
-@pytest.mark.skipif(not NVDISASM.exists(), reason="this Triton ships no nvdisasm")
+@pytest.mark.skipif(not im.available(), reason="this Triton ships no nvdisasm")
 def test_the_solve_is_what_the_identity_form_drops():
     """fast's 2-warp prologue against the same build with no solve (SOLVE="identity"): the same matrix
     instructions (the solve's 16x16 products are fp32, on FMA), fewer dots, layout conversions and barriers."""
