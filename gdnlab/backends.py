@@ -14,7 +14,7 @@ import torch
 
 from gdnlab import peers, plans, reference
 from gdnlab.auto import auto_backend
-from gdnlab.kernel_params import FIXED, OUT_BVS, SHIPPED, STATE_BVS
+from gdnlab.kernel_params import FIXED, OUT_BVS, OUT_CHUNKS, SHIPPED, STATE_BVS
 from gdnlab.kernels import pipeline
 from gdnlab.kernels.prologue import SOLVE, SOLVES
 from gdnlab.registry import UNAVAILABLE, BACKENDS, Backend, chunk_gated_delta_rule, get_backend, register_backend
@@ -50,7 +50,8 @@ def _triton(path: str, by_size: Callable[[int, int, int], dict[str, Any]] | None
     output kernel looping over runs of chunks, its tiles through tensor descriptors: as the prologue's; item 39),
     and `walk_t` (the prologue stores T instead of W and U, and the state kernel forms V_new = T diag(beta)
     (V - diag(exp(G)) K S) itself: the prologue's two products and their stores traded for one product in the walk;
-    item 43).
+    item 43), and `out_chunks` (each output program takes that many chunks from the first one's h, and the state
+    kernel stores only those h; item 53).
     `by_size(programs, walkers, sms)` gives defaults that depend on the call: programs = chunks x value heads (the
     prologue's grid), walkers = the state kernel's programs (sequences x value heads x V tiles), sms = the device's
     multiprocessors. Options passed to the call override both."""
@@ -84,7 +85,8 @@ def _triton(path: str, by_size: Callable[[int, int, int], dict[str, Any]] | None
                    "fuse_norm"} | (
             {"downcast", "intra_vnew"} if path == "fused" else {"out_BV", "out_warps", "out_stages", "norm_q_in_output",
                                                                  "index64", "fold_norm", "split_wu",
-                                                                 "out_programs", "out_tma", "walk_t"})
+                                                                 "out_programs", "out_tma", "walk_t",
+                                                                 "out_chunks"})
         unknown = set(opts) - allowed
         if unknown:
             raise TypeError(f"options: {path} backend does not take {sorted(unknown)}; it takes {sorted(allowed)}")
@@ -95,6 +97,9 @@ def _triton(path: str, by_size: Callable[[int, int, int], dict[str, Any]] | None
             raise ValueError(f"prologue_solve: must be one of {', '.join(SOLVES)}, got {opts['prologue_solve']!r}")
         if opts.get("out_BV") not in (None, *OUT_BVS):
             raise ValueError(f"out_BV: must be one of {', '.join(map(str, OUT_BVS))}, got {opts['out_BV']!r}")
+        if opts.get("out_chunks", 1) not in OUT_CHUNKS:
+            raise ValueError(f"out_chunks: must be one of {', '.join(map(str, OUT_CHUNKS))}, "
+                             f"got {opts['out_chunks']!r}")
         poison = bool(opts.pop("poison", False))
         fold = bool(opts.pop("fold_norm", False))
         placed = options.get("fuse_norm") or options.get("norm_q_in_output")

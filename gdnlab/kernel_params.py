@@ -22,6 +22,8 @@ MAX_K = 4 * K_TILE
 STATE_BVS: tuple[int, ...] = (8, 16, 32, 64)
 #: The V tiles the two-kernel path's output kernel takes (option out_BV).
 OUT_BVS: tuple[int, ...] = (8, 16, 32, 64, 128)
+#: Chunks per output-kernel program (two_kernel's out_chunks): one block of rows from the first chunk's h.
+OUT_CHUNKS: tuple[int, ...] = (1, 2)
 
 
 def cdiv(n: int, d: int) -> int:

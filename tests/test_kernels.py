@@ -305,3 +305,30 @@ def test_walk_t_refuses_what_needs_w_and_u(opts):
         gdnlab.chunk_gated_delta_rule(**kw, backend="fast", walk_t=True, **opts)
     with pytest.raises(TypeError, match="walk_t"):
         gdnlab.chunk_gated_delta_rule(**kw, backend="fused_fixed", walk_t=True)
+
+
+@pytest.mark.parametrize("name", ["var_pad_bf16_noh0", "var_long", "b3_t65_bf16"])
+def test_two_chunk_output_blocks_are_in_budget_and_leave_the_state_alone(name):
+    """out_chunks=2 (each output program takes two chunks from the first one's h; the state kernel stores only
+    those h): every element written, padding zero, output and state within budget on ragged, long and batched
+    cases, the final state bit-equal to fast's (the walk is the same), and the loop over runs of blocks (with and
+    without descriptors) bit-equal to one program per block."""
+    case = CASES_BY_NAME[name]
+    kw = case.inputs().kwargs()
+    o, ht = gdnlab.chunk_gated_delta_rule(**kw, backend="fast", poison=True, out_chunks=2)
+    check_budgets(case, o, ht)
+    assert torch.equal(ht, run(name, "fast")[1])
+    assert not torch.equal(o, run(name, "fast")[0])  # the blocks' later chunks do round otherwise
+    if name == "var_long":
+        for tma in (False, True):
+            ol, hl = gdnlab.chunk_gated_delta_rule(**kw, backend="fast", poison=True, out_chunks=2, out_programs=2,
+                                                   out_tma=tma)
+            assert torch.equal(ol, o) and torch.equal(hl, ht)
+
+
+def test_output_blocks_of_other_sizes_are_refused():
+    kw = CASES_BY_NAME["t65"].inputs().kwargs()
+    with pytest.raises(ValueError, match="out_chunks"):
+        gdnlab.chunk_gated_delta_rule(**kw, backend="fast", out_chunks=3)
+    with pytest.raises(TypeError, match="out_chunks"):
+        gdnlab.chunk_gated_delta_rule(**kw, backend="fused_fixed", out_chunks=2)

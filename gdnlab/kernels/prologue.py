@@ -564,10 +564,13 @@ class ChunkPlan:
         so that gdnlab.plans passes them to a replayed launch as they are."""
         return (self.cu_seqlens, self.chunks, self.chunk_offsets, *self._segments.values())
 
-    def runs(self, programs: int) -> torch.Tensor | None:
-        """The segments for about `programs` looping programs (per value head), or None where one program per chunk
-        is what that asks for (0, or at least as many programs as chunks)."""
-        return self.segments(-(-self.n_chunks // programs)) if 0 < programs < self.n_chunks else None
+    def runs(self, programs: int, every: int = 1) -> torch.Tensor | None:
+        """The segments for about `programs` looping programs (per value head), each run a multiple of `every`
+        chunks long, or None where one program per chunk is what that asks for (`every` 1 and `programs` 0 or at
+        least as many as the chunks); with `every` > 1 and no loop, runs of `every` chunks."""
+        if 0 < programs < self.n_chunks:
+            return self.segments(-(-self.n_chunks // (programs * every)) * every)
+        return self.segments(every) if every > 1 else None
 
     @classmethod
     def build(cls, bounds: list[tuple[int, int]], device: torch.device) -> "ChunkPlan":

@@ -7,7 +7,7 @@ import triton
 import triton.language as tl
 
 from gdnlab.interp import launch
-from gdnlab.kernel_params import BT, cdiv, pow2
+from gdnlab.kernel_params import BT, OUT_CHUNKS, cdiv, pow2
 from gdnlab.kernels.prologue import ChunkPlan, Prologue, alloc, wide_index
 from gdnlab.kernels.tiles import (absorb_all, as_index, gated_delta, chunk_output, inter_and_scores,
                                   l2_norm_of_rows, load_rows, load_state, load_tile, sequence_rows, store_rows,
@@ -19,8 +19,9 @@ def fwd_h_kernel(k_ptr, u_ptr, w_ptr, gcum_ptr, h_ptr, vnew_ptr, h0_ptr, ht_ptr,
                  t_ptr, v_ptr, beta_ptr, lk_ptr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
                  V: tl.constexpr, BV: tl.constexpr, HAS_H0: tl.constexpr, STORE_HT: tl.constexpr,
                  STATE_V_FIRST: tl.constexpr, BT: tl.constexpr, I64: tl.constexpr = True, FOLD: tl.constexpr = False,
-                 T_FORM: tl.constexpr = False):
-    """One program per (V tile, sequence, value head): carry the fp32 state, store bf16 h and V_new per chunk.
+                 T_FORM: tl.constexpr = False, H_EVERY: tl.constexpr = 1):
+    """One program per (V tile, sequence, value head): carry the fp32 state, store bf16 V_new per chunk and bf16 h
+    at every H_EVERY-th chunk of a sequence (the first of each block the output kernel takes; fwd_o_kernel's OUT_M).
     With FOLD, k is raw and the absorbed term's gates are gk = G + log|k| (gk_ptr, fp32 [tokens, HV]), so its rows
     carry k's inverse norms.
 
@@ -63,16 +64,20 @@ def fwd_h_kernel(k_ptr, u_ptr, w_ptr, gcum_ptr, h_ptr, vnew_ptr, h0_ptr, ht_ptr,
             rh, srow = kh, H * K
         else:
             rh, srow = wh, HV * K
-        store_state(hb, 0, v0, s0, K, V, BV, False)
+        if c % H_EVERY == 0:
+            store_state(hb, 0, v0, s0, K, V, BV, False)
         vw = w_times_h(rh, rows, mrow, srow, 0, s0.to(tl.bfloat16), K)
         if K > 64:
-            store_state(hb, 64, v0, s1, K, V, BV, False)
+            if c % H_EVERY == 0:
+                store_state(hb, 64, v0, s1, K, V, BV, False)
             vw = vw + w_times_h(rh, rows, mrow, srow, 64, s1.to(tl.bfloat16), K)
         if K > 128:
-            store_state(hb, 128, v0, s2, K, V, BV, False)
+            if c % H_EVERY == 0:
+                store_state(hb, 128, v0, s2, K, V, BV, False)
             vw = vw + w_times_h(rh, rows, mrow, srow, 128, s2.to(tl.bfloat16), K)
         if K > 192:
-            store_state(hb, 192, v0, s3, K, V, BV, False)
+            if c % H_EVERY == 0:
+                store_state(hb, 192, v0, s3, K, V, BV, False)
             vw = vw + w_times_h(rh, rows, mrow, srow, 192, s3.to(tl.bfloat16), K)
         if T_FORM:
             g_w = tl.load(gcum_ptr + rows * HV + i_hv, mask=mrow, other=0.0)
@@ -103,16 +108,20 @@ def fwd_o_kernel(q_ptr, k_ptr, vnew_ptr, gcum_ptr, h_ptr, o_ptr, cu_ptr, chunks_
                  offsets_ptr, n_chunks, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                  BV: tl.constexpr, BT: tl.constexpr, NORM_Q: tl.constexpr = False, KP: tl.constexpr = 64,
                  I64: tl.constexpr = True, FOLD: tl.constexpr = False, LOOP: tl.constexpr = False,
-                 LOOP_STAGES: tl.constexpr = 2, TMA: tl.constexpr = False):
-    """The chunk's output from its bf16 h and bf16 V_new, per (V tile, chunk, value head): one program each, or with
-    LOOP one per (V tile, run of a sequence's chunks, value head) (seg_ptr: ChunkPlan.segments; offsets_ptr: the
-    sequences' first global chunks), looping LOOP_STAGES deep. With TMA q, k, h and V_new are read and o written
+                 LOOP_STAGES: tl.constexpr = 2, TMA: tl.constexpr = False, OUT_M: tl.constexpr = 1):
+    """The output of OUT_M consecutive chunks of a sequence (a block of OUT_M * BT rows) from the bf16 h of its
+    first chunk and the block's bf16 V_new, per (V tile, block, value head): one program each, or with LOOP one per
+    (V tile, run of a sequence's blocks, value head) (seg_ptr: ChunkPlan.segments; offsets_ptr: the sequences'
+    first global chunks), looping LOOP_STAGES deep. With OUT_M > 1 (blocks always from seg_ptr) the rows past the
+    block's first chunk take the state's later chunks through V_new in the block's causal scores, not through
+    their own rounded h: every state product stays exact up to the first chunk's h, and the state kernel stores
+    only the h that are read (its H_EVERY). With TMA q, k, h and V_new are read and o written
     through tensor descriptors built once per program (as the prologue's TMA). With NORM_Q it l2-normalises its q
     rows itself (KP: K padded to a power of two); with FOLD q and k are raw and the gates of Q.h's rows and Q.K^T's
     rows and columns are gq = G - log|q| and gk = G + log|k| (gq_ptr, gk_ptr: fp32 [tokens, HV]), which divide the
     products by the norms in fp32."""
     i_v, i_hv = tl.program_id(0), tl.program_id(2)
-    if LOOP:
+    if LOOP or (OUT_M > 1):
         i_n = tl.load(seg_ptr + 3 * tl.program_id(1))
         t0 = tl.load(seg_ptr + 3 * tl.program_id(1) + 1)
         t1 = tl.load(seg_ptr + 3 * tl.program_id(1) + 2)
@@ -128,19 +137,19 @@ def fwd_o_kernel(q_ptr, k_ptr, vnew_ptr, gcum_ptr, h_ptr, o_ptr, cu_ptr, chunks_
     qd, kd, hd, vd, od = None, None, None, None, None
     if TMA:
         n_rows = (eos - bos).to(tl.int32)
-        qd = sequence_rows(q_ptr + i_h * K, bos, n_rows, H * K, K, BT, 64)
-        kd = sequence_rows(k_ptr + i_h * K, bos, n_rows, H * K, K, BT, 64)
+        qd = sequence_rows(q_ptr + i_h * K, bos, n_rows, H * K, K, BT * OUT_M, 64)
+        kd = sequence_rows(k_ptr + i_h * K, bos, n_rows, H * K, K, BT * OUT_M, 64)
         hd = tl.make_tensor_descriptor(h_ptr, shape=[n_chunks * HV, K, V], strides=[K * V, V, 1],
                                        block_shape=[1, 64, BV])  # rows past K read as zeros
-        vd = sequence_rows(vnew_ptr + i_hv * V, bos, n_rows, HV * V, V, BT, BV)
-        od = sequence_rows(o_ptr + i_hv * V, bos, n_rows, HV * V, V, BT, BV)
+        vd = sequence_rows(vnew_ptr + i_hv * V, bos, n_rows, HV * V, V, BT * OUT_M, BV)
+        od = sequence_rows(o_ptr + i_hv * V, bos, n_rows, HV * V, V, BT * OUT_M, BV)
     if LOOP:
-        for i_t in tl.range(t0, t1, num_stages=LOOP_STAGES):
+        for i_t in tl.range(t0, t1, OUT_M, num_stages=LOOP_STAGES):
             _output_chunk(bos, eos, i_t, c0 + i_t, i_v, i_hv, qd, kd, hd, vd, od, q_ptr, k_ptr, vnew_ptr, gcum_ptr,
-                          h_ptr, o_ptr, scale, gq_ptr, gk_ptr, H, HV, K, V, BV, BT, NORM_Q, KP, I64, FOLD, TMA)
+                          h_ptr, o_ptr, scale, gq_ptr, gk_ptr, H, HV, K, V, BV, BT, NORM_Q, KP, I64, FOLD, TMA, OUT_M)
     else:
         _output_chunk(bos, eos, t0, c0 + t0, i_v, i_hv, qd, kd, hd, vd, od, q_ptr, k_ptr, vnew_ptr, gcum_ptr, h_ptr,
-                      o_ptr, scale, gq_ptr, gk_ptr, H, HV, K, V, BV, BT, NORM_Q, KP, I64, FOLD, TMA)
+                      o_ptr, scale, gq_ptr, gk_ptr, H, HV, K, V, BV, BT, NORM_Q, KP, I64, FOLD, TMA, OUT_M)
 
 
 @triton.jit
@@ -157,13 +166,14 @@ def _h_tile(hb, hd, state, k0, v0, K: tl.constexpr, V: tl.constexpr, BV: tl.cons
 def _output_chunk(bos, eos, i_t, i_c, i_v, i_hv, qd, kd, hd, vd, od, q_ptr, k_ptr, vnew_ptr, gcum_ptr, h_ptr, o_ptr,
                   scale, gq_ptr, gk_ptr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                   BV: tl.constexpr, BT: tl.constexpr, NORM_Q: tl.constexpr, KP: tl.constexpr, I64: tl.constexpr,
-                  FOLD: tl.constexpr, TMA: tl.constexpr):
-    """fwd_o_kernel's work for chunk i_t of the sequence in rows bos..eos (global chunk i_c), V tile i_v, value
-    head i_hv."""
+                  FOLD: tl.constexpr, TMA: tl.constexpr, OUT_M: tl.constexpr = 1):
+    """fwd_o_kernel's work for the OUT_M chunks from chunk i_t of the sequence in rows bos..eos (global chunk i_c),
+    V tile i_v, value head i_hv."""
     i_h = i_hv // (HV // H)
     v0 = i_v * BV
     r0 = i_t * BT
-    rows = bos + r0 + tl.arange(0, BT)
+    r = tl.arange(0, BT * OUT_M)
+    rows = bos + r0 + r
     mrow = rows < eos
     qh, kh = q_ptr + i_h * K, k_ptr + i_h * K
     state = i_c * HV + i_hv
@@ -174,7 +184,9 @@ def _output_chunk(bos, eos, i_t, i_c, i_v, i_hv, qd, kd, hd, vd, od, q_ptr, k_pt
     else:
         g_row = tl.load(gcum_ptr + rows * HV + i_hv, mask=mrow, other=0.0)
         g_col = g_row
-    qn = tl.full([BT], 1.0, tl.float32)
+    if OUT_M > 1:  # the prologue's gates restart at every chunk: chain them over the block
+        g_row, g_col = _block_gates(g_row, g_col, gcum_ptr, r, bos + r0, eos, HV, i_hv, BT, OUT_M)
+    qn = tl.full([BT * OUT_M], 1.0, tl.float32)
     if NORM_Q:
         qn = l2_norm_of_rows(load_rows(qh, rows, mrow, H * K, 0, KP, K).to(tl.float32))
     o_acc, sc = inter_and_scores(qh, kh, rows, mrow, H * K, 0, _h_tile(hb, hd, state, 0, v0, K, V, BV, TMA), K, qn,
@@ -196,18 +208,34 @@ def _output_chunk(bos, eos, i_t, i_c, i_v, i_hv, qd, kd, hd, vd, od, q_ptr, k_pt
     store_tile(o_ptr + i_hv * V, od, rows, mrow, HV * V, r0, v0, out, BV, V, TMA)
 
 
+@triton.jit
+def _block_gates(g_row, g_col, gcum_ptr, r, first, eos, HV: tl.constexpr, i_hv, BT: tl.constexpr,
+                 OUT_M: tl.constexpr):
+    """g_row and g_col of a block of OUT_M chunks from row `first`, each chunk's rows raised by the sum of the
+    gates of the block's earlier chunks (their cumulative gates' last values), so that exp(g_i - g_j) spans chunks."""
+    off = tl.zeros([BT * OUT_M], tl.float32)
+    for m in tl.static_range(1, OUT_M):
+        end = tl.minimum(first + m * BT, eos) - 1  # the last row of chunk m - 1 (clamped: then no row of m is live)
+        off = off + tl.where(r >= m * BT, tl.load(gcum_ptr + end * HV + i_hv), 0.0)
+    return g_row + off, g_col + off
+
+
 def two_kernel(pro: Prologue, v: torch.Tensor, o: torch.Tensor, plan: ChunkPlan, initial_state, ht, scale: float,
                state_v_first: bool, BV: int = 64, poison: bool = False, num_warps: int = 4,
                num_stages: int | None = None, out_BV: int | None = None, out_warps: int | None = None,
                out_stages: int | None = None, index64: bool | None = None, out_programs: int = 0,
-               out_tma: bool = False) -> None:
+               out_tma: bool = False, out_chunks: int = 1) -> None:
     """State kernel then output kernel on flattened tensors; writes o and (if given) ht. `BV`, `num_warps` and
     `num_stages` configure the state kernel, and the output kernel too unless its `out_*` options are given
     (None: Triton's default stages). The output kernel l2-normalises q when the prologue left that to it
     (pro.norm_q). `index64`: int64 indices (None: where a buffer needs them). `out_programs`: 0 runs one output
     program per chunk; more, about that many per V tile and value head, each looping over a run of one sequence's
     chunks `out_stages` deep (or 2); `out_tma`: its tiles through tensor descriptors where the buffers allow it
-    (tma_ok). The same numbers in every case."""
+    (tma_ok). The same numbers in every case but `out_chunks`: each output program takes that many consecutive
+    chunks (one block of rows) from the first one's h, and the state kernel stores only those h (fwd_o_kernel's
+    OUT_M)."""
+    if out_chunks not in OUT_CHUNKS:
+        raise ValueError(f"out_chunks: must be one of {', '.join(map(str, OUT_CHUNKS))}, got {out_chunks!r}")
     tokens, H, K = pro.k.shape
     HV, V = v.shape[1], v.shape[2]
     N = plan.cu_seqlens.numel() - 1
@@ -228,16 +256,17 @@ def two_kernel(pro: Prologue, v: torch.Tensor, o: torch.Tensor, plan: ChunkPlan,
            initial_state if initial_state is not None else dummy, ht if ht is not None else dummy,
            plan.cu_seqlens, plan.chunk_offsets, gk, *walk_t, H=H, HV=HV, K=K, V=V, BV=BV,
            HAS_H0=initial_state is not None, STORE_HT=ht is not None, STATE_V_FIRST=state_v_first, BT=BT, I64=i64,
-           FOLD=fold, T_FORM=t_form, num_warps=num_warps, device=dev,
+           FOLD=fold, T_FORM=t_form, H_EVERY=out_chunks, num_warps=num_warps, device=dev,
            **({} if num_stages is None else dict(num_stages=num_stages)))
     if plan.n_chunks:
-        segs = plan.runs(out_programs)
+        segs = plan.runs(out_programs, out_chunks)
+        loop = 0 < out_programs < plan.n_chunks
         out_tma = out_tma and tma_ok(pro.q, pro.k, v_new, o)
         if out_tma:
             use_descriptors()
         launch(fwd_o_kernel, (cdiv(V, out_BV), plan.n_chunks if segs is None else segs.shape[0], HV), pro.q, pro.k,
                v_new, pro.g_cum, h, o, plan.cu_seqlens, plan.chunks, scale, gq, gk,
                plan.chunks if segs is None else segs, plan.chunk_offsets, plan.n_chunks, H=H, HV=HV, K=K, V=V,
-               BV=out_BV, BT=BT, NORM_Q=pro.norm_q, I64=i64, KP=pow2(K), FOLD=fold, LOOP=segs is not None,
-               LOOP_STAGES=out_stages or 2, TMA=out_tma, num_warps=out_warps, device=dev,
+               BV=out_BV, BT=BT, NORM_Q=pro.norm_q, I64=i64, KP=pow2(K), FOLD=fold, LOOP=loop,
+               LOOP_STAGES=out_stages or 2, TMA=out_tma, OUT_M=out_chunks, num_warps=out_warps, device=dev,
                **({} if out_stages is None else dict(num_stages=out_stages)))
