@@ -154,7 +154,10 @@ def fast_by_size(programs: int, walkers: int, sms: int) -> dict[str, Any]:
     ragged batch 6%). With that and more than 32 prologue programs per multiprocessor (on 132 multiprocessors one
     Qwen3-Next sequence of more than 132 chunks, 8448 tokens) the output kernel loops over runs of at least 16
     chunks, about four programs per V tile and value head, its tiles through tensor descriptors (0.97x at
-    32768-65536 tokens on the H200, where at 4096-8192 tokens it cost 1.01-1.03x; items 40 and 42)."""
+    32768-65536 tokens on the H200, where at 4096-8192 tokens it cost 1.01-1.03x; items 40 and 42). With more
+    state-kernel programs than multiprocessors (batches) each output program takes a block of two chunks at 8 warps
+    from the first one's h, and the state kernel stores only those h (0.95-0.99x on an H100's three batch shapes;
+    items 53 and 54)."""
     small = programs <= 2 * sms
     opts: dict[str, Any] = dict(prologue_warps=4 if small else 2, norm_q_in_output=programs <= 4 * sms)
     if small:
@@ -163,6 +166,8 @@ def fast_by_size(programs: int, walkers: int, sms: int) -> dict[str, Any]:
         opts.update(num_stages=4, out_stages=3)
         if programs > 32 * sms:
             opts.update(out_programs=4, out_tma=True, out_stages=LOOP_OUT_STAGES)
+    else:
+        opts.update(out_chunks=2, out_warps=8)
     return opts
 
 

@@ -85,12 +85,15 @@ def test_q_norm_in_output_kernel_is_bit_equal_on_cpu():
 def test_fast_size_rule(programs, warps, nq, walkers, deep):
     """fast's options by size: 4 prologue warps and the doubling solve up to two programs per multiprocessor, the
     output kernel looping (2 stages) above 32 where the walk is pipelined, q normalised in the output
-    kernel up to four, the walk pipelined 4 deep up to one state-kernel program per multiprocessor (132 here)."""
+    kernel up to four, the walk pipelined 4 deep up to one state-kernel program per multiprocessor (132 here), and
+    past that output blocks of two chunks at 8 warps."""
     from gdnlab.backends import fast_by_size
     want = dict(prologue_warps=warps, norm_q_in_output=nq, **(dict(prologue_solve="doubling") if warps == 4 else {}),
                 **(dict(num_stages=4, out_stages=3) if deep else {}))
     if deep and programs > 32 * 132:
         want.update(out_programs=4, out_tma=True, out_stages=2)
+    if not deep:
+        want.update(out_chunks=2, out_warps=8)
     assert fast_by_size(programs, walkers, 132) == want
 
 
