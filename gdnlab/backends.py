@@ -39,9 +39,8 @@ def _triton(path: str, by_size: Callable[[int, int, int], dict[str, Any]] | None
     Every path takes the prologue's options too: `prologue_warps` (its num_warps), `prologue_solve` (how T is
     formed: gdnlab.kernels.prologue.SOLVES), `prologue_programs` and `prologue_stages` (about that many programs
     per value head, each looping over a run of chunks that many stages deep; 0: one program per chunk),
-    `prologue_tma` (k, v, W and U through tensor descriptors), `prologue_wu_cols` (W and U formed and stored that
-    many columns at a time; 0: whole rows; item 47), `prologue_maxnreg` (its registers per thread capped; item 50)
-    and `fuse_norm` (the q/k l2-norm inside the prologue
+    `prologue_tma` (k, v, W and U through tensor descriptors), `prologue_maxnreg` (its registers per thread capped;
+    item 50) and `fuse_norm` (the q/k l2-norm inside the prologue
     instead of two launches of its own). The two-kernel path also takes `norm_q_in_output` (q's l2-norm inside the
     output kernel: one launch and one pass over q fewer), `index64` (int64 indices in its kernels; default: only
     where a buffer has 2^31 elements or more), `fold_norm` (q and k never rounded after normalising: their norms
@@ -81,7 +80,7 @@ def _triton(path: str, by_size: Callable[[int, int, int], dict[str, Any]] | None
         if options.get("out_programs") and "out_stages" not in options:
             opts["out_stages"] = LOOP_OUT_STAGES  # the size rule's depth is the one-program-per-chunk kernel's
         allowed = {"BV", "poison", "num_warps", "num_stages", "prologue_warps", "prologue_solve",
-                   "prologue_programs", "prologue_stages", "prologue_tma", "prologue_wu_cols", "prologue_maxnreg",
+                   "prologue_programs", "prologue_stages", "prologue_tma", "prologue_maxnreg",
                    "fuse_norm"} | (
             {"downcast", "intra_vnew"} if path == "fused" else {"out_BV", "out_warps", "out_stages", "norm_q_in_output",
                                                                  "index64", "fold_norm", "split_wu",
@@ -116,7 +115,6 @@ def _triton(path: str, by_size: Callable[[int, int, int], dict[str, Any]] | None
                                 programs=int(opts.pop("prologue_programs", 0)),
                                 stages=int(opts.pop("prologue_stages", 2)),
                                 tma=bool(opts.pop("prologue_tma", False)),
-                                wu_cols=int(opts.pop("prologue_wu_cols", 0)),
                                 maxnreg=int(opts.pop("prologue_maxnreg", 0)),
                                 store_t=bool(opts.pop("walk_t", False)))
         return pipeline.state_and_outputs(x, pro, path, output_final_state=output_final_state,

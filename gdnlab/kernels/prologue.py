@@ -274,7 +274,7 @@ def _solve_masked(a, BT: tl.constexpr, SOLVE: tl.constexpr):
 @triton.jit
 def _t_times_scaled(t, x, f):
     """T (bf16) times the rows of x scaled by f in fp32 and rounded to bf16: W = T diag(beta exp(G)) K and
-    U = T diag(beta) V without SPLIT, whole rows or column blocks alike."""
+    U = T diag(beta) V without SPLIT."""
     return tl.dot(t, (x.to(tl.float32) * f[:, None]).to(tl.bfloat16))
 
 
@@ -416,7 +416,7 @@ def prologue_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, qn_ptr, kn_ptr, gcum_p
                     K: tl.constexpr, V: tl.constexpr, KP: tl.constexpr, VP: tl.constexpr, BT: tl.constexpr,
                     NORM: tl.constexpr, SOLVE: tl.constexpr, I64: tl.constexpr = True, FOLD: tl.constexpr = False,
                     SPLIT: tl.constexpr = False, LOOP: tl.constexpr = False, LOOP_STAGES: tl.constexpr = 2,
-                    TMA: tl.constexpr = False, STORE_T: tl.constexpr = False, WU_COLS: tl.constexpr = 0):
+                    TMA: tl.constexpr = False, STORE_T: tl.constexpr = False):
     """One program per (chunk, value head): [q/k l2-norm,] cumsum, A, T = (I + A)^-1 and W/U for that chunk.
 
     A, W and U are whole-chunk tensor-core dots; the solve works on 16x16 blocks (see _solve), so no 64x64 fp32
@@ -434,10 +434,6 @@ def prologue_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, qn_ptr, kn_ptr, gcum_p
 
     STORE_T (the walk applies T): T itself is stored, bf16 [tokens, HV, BT] rows (t_ptr), and W and U are neither
     formed nor stored; the state kernel's T_FORM computes V_new = T diag(beta) (V - diag(exp(G)) K S) instead.
-
-    WU_COLS (0: whole rows): W and U are formed and stored WU_COLS columns at a time, each block its own k or v
-    load, dot and store, so that no [BT, K] accumulator is live at once (registers: docs/speed-notes.md item 47).
-    Every element is the same sum over the chunk's rows as in the whole-row dot. Not with NORM, SPLIT or TMA.
     """
     i_hv = tl.program_id(1)
     i_h = i_hv // (HV // H)
@@ -462,18 +458,18 @@ def prologue_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, qn_ptr, kn_ptr, gcum_p
         for i_t in tl.range(t0, t1, num_stages=LOOP_STAGES):
             _prologue_chunk(bos, eos, i_t, i_hv, kd, vd, wd, ud, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, qn_ptr, kn_ptr,
                             gcum_ptr, w_ptr, u_ptr, t_ptr, gq_ptr, gk_ptr, lq_ptr, lk_ptr, H, HV, K, V, KP, VP, BT,
-                            NORM, SOLVE, FOLD, SPLIT, TMA, STORE_T, WU_COLS)
+                            NORM, SOLVE, FOLD, SPLIT, TMA, STORE_T)
     else:
         _prologue_chunk(bos, eos, t0, i_hv, kd, vd, wd, ud, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, qn_ptr, kn_ptr,
                         gcum_ptr, w_ptr, u_ptr, t_ptr, gq_ptr, gk_ptr, lq_ptr, lk_ptr, H, HV, K, V, KP, VP, BT, NORM,
-                        SOLVE, FOLD, SPLIT, TMA, STORE_T, WU_COLS)
+                        SOLVE, FOLD, SPLIT, TMA, STORE_T)
 
 @triton.jit
 def _prologue_chunk(bos, eos, i_t, i_hv, kd, vd, wd, ud, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, qn_ptr, kn_ptr, gcum_ptr,
                     w_ptr, u_ptr, t_ptr, gq_ptr, gk_ptr, lq_ptr, lk_ptr, H: tl.constexpr, HV: tl.constexpr,
                     K: tl.constexpr, V: tl.constexpr, KP: tl.constexpr, VP: tl.constexpr, BT: tl.constexpr,
                     NORM: tl.constexpr, SOLVE: tl.constexpr, FOLD: tl.constexpr, SPLIT: tl.constexpr,
-                    TMA: tl.constexpr, STORE_T: tl.constexpr, WU_COLS: tl.constexpr = 0):
+                    TMA: tl.constexpr, STORE_T: tl.constexpr):
     """prologue_kernel's work for chunk i_t of the sequence in rows bos..eos, value head i_hv."""
     i_h = i_hv // (HV // H)
     first = i_hv % (HV // H)  # 0 on the value head that stores the normalised q and k
@@ -511,14 +507,6 @@ def _prologue_chunk(bos, eos, i_t, i_hv, kd, vd, wd, ud, q_ptr, k_ptr, v_ptr, g_
         t = t32.to(tl.bfloat16)  # (without SPLIT t32 dies here: the order the H200 runs measured)
         if STORE_T:
             store_rows(t_ptr + i_hv * BT, rows, mrow, HV * BT, 0, t, BT, BT)
-        elif WU_COLS > 0:
-            wf = beta * tl.exp(g_row)
-            for c0 in tl.static_range(0, KP, WU_COLS):
-                kc = load_rows(k_ptr + i_h * K, rows, mrow, H * K, c0, WU_COLS, K)
-                store_rows(w_ptr + i_hv * K, rows, mrow, HV * K, c0, _t_times_scaled(t, kc, wf), WU_COLS, K)
-            for c0 in tl.static_range(0, VP, WU_COLS):
-                vc = load_rows(v_ptr + i_hv * V, rows, mrow, HV * V, c0, WU_COLS, V)
-                store_rows(u_ptr + i_hv * V, rows, mrow, HV * V, c0, _t_times_scaled(t, vc, beta), WU_COLS, V)
         else:
             # k is loaded (and normalised) again rather than kept live across the solve: the form the H200 runs
             # measured; the Hopper build spills the same 848 B either way (docs/speed-notes.md).
@@ -650,7 +638,7 @@ def run_prologue(q, k, v, g, beta, plan: ChunkPlan, use_qk_l2norm: bool, poison:
                  fuse_norm: bool = False, num_warps: int = 4, solve: str = SOLVE,
                  norm_q_in_output: bool = False, index64: bool | None = None, fold_norm: bool = False,
                  split_wu: bool = False, programs: int = 0, stages: int = 2, tma: bool = False,
-                 store_t: bool = False, wu_cols: int = 0, maxnreg: int = 0) -> Prologue:
+                 store_t: bool = False, maxnreg: int = 0) -> Prologue:
     """Launch the shared prologue on flattened `[tokens, heads, D]` tensors. The q/k l2-norm runs as two launches
     of l2norm_kernel (as the two-kernel pipeline does) or, with `fuse_norm`, inside the prologue kernel; with
     `norm_q_in_output` only k's runs here and q's is left to the output kernel (Prologue.norm_q). With `fold_norm`
@@ -661,9 +649,7 @@ def run_prologue(q, k, v, g, beta, plan: ChunkPlan, use_qk_l2norm: bool, poison:
     kernel's LOOP). `tma`: k, v, W and U through tensor descriptors where the buffers allow it (tma_ok; its TMA;
     not with the "by_blocks" solve). The same numbers in every case. `store_t`: T is stored instead of W and U (its
     STORE_T; Prologue.t), for a state kernel that applies T itself (two_kernel's walk_t); not with split_wu, tma or
-    the "by_blocks" solve. `wu_cols`: W and U formed and stored that many columns at a time (its WU_COLS; 0: whole
-    rows), a power of two from 16 up to K's and V's padded widths; not with the in-kernel norm (fuse_norm),
-    split_wu, tma, store_t or the "by_blocks" solve. `maxnreg`: the registers a thread may use (0: the compiler's
+    the "by_blocks" solve. `maxnreg`: the registers a thread may use (0: the compiler's
     choice, up to 255; an NVIDIA launch option); fewer let more programs share a multiprocessor at the cost of
     spills (item 50)."""
     if maxnreg and not 32 <= maxnreg <= 255:
@@ -676,11 +662,6 @@ def run_prologue(q, k, v, g, beta, plan: ChunkPlan, use_qk_l2norm: bool, poison:
         raise ValueError("store_t: takes neither split_wu nor tma nor the by_blocks solve (no W or U is formed)")
     tokens, H, K = k.shape
     HV, V = v.shape[1], v.shape[2]
-    if wu_cols:
-        if wu_cols < 16 or wu_cols & (wu_cols - 1) or wu_cols > min(pow2(K), pow2(V)):
-            raise ValueError(f"wu_cols: must be 0 or a power of two from 16 to {min(pow2(K), pow2(V))}, got {wu_cols!r}")
-        if (use_qk_l2norm and fuse_norm) or split_wu or tma or store_t or solve == "by_blocks":
-            raise ValueError("wu_cols: takes neither fuse_norm nor split_wu, tma, store_t or the by_blocks solve")
     dev = k.device
     fold = use_qk_l2norm and fold_norm
     if fold and (fuse_norm or norm_q_in_output):
@@ -711,6 +692,6 @@ def run_prologue(q, k, v, g, beta, plan: ChunkPlan, use_qk_l2norm: bool, poison:
                LOOP_STAGES=stages, TMA=tma,
                VP=pow2(V), BT=BT, NORM=norm_inside, SOLVE=solve, num_warps=num_warps, device=dev,
                I64=wide_index(q, v, t if store_t else w) if index64 is None else index64, FOLD=fold,
-               SPLIT=split_wu, STORE_T=store_t, WU_COLS=wu_cols, **({"maxnreg": maxnreg} if maxnreg else {}))
+               SPLIT=split_wu, STORE_T=store_t, **({"maxnreg": maxnreg} if maxnreg else {}))
     return Prologue(qn, kn, g_cum, w, u, norm_q, g_q, g_k, t, log_norms[1] if fold and store_t else None,
                     beta if store_t else None)
