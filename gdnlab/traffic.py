@@ -7,7 +7,9 @@ lists each tensor with the kernel that writes it and the kernels that read it, e
 kernel names it, so a test can hold the list against the launches a fast call really makes
 (gdnlab.interp.recorded_launches). Counting is by unique bytes: a kernel that reads a tensor reads it once (repeat
 reads by other programs of the same kernel, k by the value heads that share a key head and the state kernel's V
-tiles, are taken to hit the L2), which makes these bytes a lower bound on what each kernel moves.
+tiles, are taken to hit the L2), which makes these bytes a lower bound on what each kernel moves. The count is of
+fast with one output program per chunk, as every in-situ run filed so far ran it; where fast now takes output blocks
+of two chunks (batches: out_chunks=2, docs/speed-notes.md item 54) only every second h is written and read.
 
 :func:`stage_traffic` sets those bytes beside an in-situ profile (benchmarks --parts in_situ): bytes per
 microsecond, as a fraction of the run's copy bandwidth (bench.csv's copy_bw_GBps). A kernel near 1 is bound by its
