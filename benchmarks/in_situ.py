@@ -3,14 +3,27 @@ a graph's kernels), per bench shape and backend: what each stage costs where it 
 same replays (the rest is gaps between kernels)."""
 from __future__ import annotations
 
+from typing import Any
+
 import pandas as pd
 
 from benchmarks.context import Context
 from benchmarks.env import log, stamp
-from benchmarks.inputs import SHAPES, input_sets, tokens_of
+from benchmarks.inputs import QWEN, SHAPES, VARLEN, input_sets, parse_label, tokens_of
 from benchmarks.timing import backend_calls, capture
 
 OUTPUT = "in_situ.csv"
+
+
+def out_chunks(label: str, B: Any, T: Any, sms: int) -> int | None:
+    """The output blocks (chunks per output program) a fast-labelled backend runs with at this bench shape
+    (gdnlab.backends.fast_options), for gdnlab.traffic's byte count; None for other backends."""
+    from gdnlab.backends import fast_options
+    name, opts = parse_label(label)
+    if name != "fast":
+        return None
+    lengths = VARLEN if B == "varlen" else [T] * B
+    return int(fast_options(lengths, HV=QWEN["HV"], V=QWEN["V"], sms=sms, **opts).get("out_chunks", 1))
 
 
 def run(ctx: Context, backends: tuple[str, ...] = ("fast", "fla")) -> pd.DataFrame:
@@ -45,7 +58,7 @@ def run(ctx: Context, backends: tuple[str, ...] = ("fast", "fla")) -> pd.DataFra
                     if t:
                         rows.append(dict(backend=be, B=B, T=T if T else tokens, tokens=tokens, kernel=ev.key[:120],
                                          calls_per_call=ev.count / reps, us_per_call=t / reps,
-                                         call_ms_profiled=span))
+                                         call_ms_profiled=span, out_chunks=out_chunks(be, B, T, ctx.env["sms"])))
             except Exception as e:  # noqa: BLE001
                 rows.append(dict(backend=be, B=B, T=T, tokens=tokens, error=repr(e)[:300]))
             log("in situ", be, B, T, sum(r.get("us_per_call", 0) for r in rows if r["backend"] == be

@@ -8,20 +8,21 @@ field's kernels ("fla", "flashqla", "flashinfer") are registered by gdnlab.peers
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from typing import Any, Callable
 
 import torch
 
 from gdnlab import peers, plans, reference
 from gdnlab.auto import auto_backend
-from gdnlab.kernel_params import FIXED, OUT_BVS, OUT_CHUNKS, SHIPPED, STATE_BVS
+from gdnlab.kernel_params import BT, FIXED, OUT_BVS, OUT_CHUNKS, SHIPPED, STATE_BVS, cdiv
 from gdnlab.kernels import pipeline
 from gdnlab.kernels.prologue import SOLVE, SOLVES
 from gdnlab.registry import UNAVAILABLE, BACKENDS, Backend, chunk_gated_delta_rule, get_backend, register_backend
 from gdnlab.validate import Problem
 
 __all__ = ["BACKENDS", "Backend", "chunk_gated_delta_rule", "get_backend", "register_backend", "FAST",
-           "fast_by_size", "multiprocessors", "STATE_BVS", "UNAVAILABLE"]
+           "fast_by_size", "fast_options", "multiprocessors", "STATE_BVS", "UNAVAILABLE"]
 
 
 # ---- built-in backends ----------------------------------------------------------------------------------------
@@ -71,11 +72,8 @@ def _triton(path: str, by_size: Callable[[int, int, int], dict[str, Any]] | None
     def _pipeline(x: pipeline.Flat, use_qk_l2norm_in_kernel: bool, output_final_state: bool,
                   options: dict[str, Any]):
         p: Problem = x.problem
-        sized = {}
-        if by_size:
-            walk_bv = {**defaults, **options}.get("BV", 64)
-            walkers = p.N * p.HV * -(-p.V // walk_bv) if walk_bv in STATE_BVS else 0  # else refused below
-            sized = by_size(x.plan.n_chunks * p.HV, walkers, multiprocessors(x.q.device))
+        sized = by_size(*_grids(x.plan.n_chunks, p.N, p.HV, p.V, {**defaults, **options}),
+                        multiprocessors(x.q.device)) if by_size else {}
         opts = {**defaults, **sized, **options}
         if options.get("out_programs") and "out_stages" not in options:
             opts["out_stages"] = LOOP_OUT_STAGES  # the size rule's depth is the one-program-per-chunk kernel's
@@ -167,6 +165,22 @@ def fast_by_size(programs: int, walkers: int, sms: int) -> dict[str, Any]:
     else:
         opts.update(out_chunks=2, out_warps=8)
     return opts
+
+
+def _grids(chunks: int, seqs: int, HV: int, V: int, opts: dict[str, Any]) -> tuple[int, int]:
+    """(programs, walkers) of a call that by_size rules take: chunks x value heads (the prologue's grid) and
+    sequences x value heads x V tiles of the state kernel (0 where its BV is not one it takes: refused later)."""
+    walk_bv = opts.get("BV", 64)
+    return chunks * HV, (seqs * HV * -(-V // walk_bv) if walk_bv in STATE_BVS else 0)
+
+
+def fast_options(lengths: Sequence[int], *, HV: int, V: int, sms: int, **options: Any) -> dict[str, Any]:
+    """The options a fast call on sequences of these lengths runs with on `sms` multiprocessors: FAST, then
+    fast_by_size's, then the caller's `options` (as the backend merges them), so that tools which did not run the
+    call (gdnlab.traffic, the in-situ part) can say what it ran (the loop's default depth, set later, aside)."""
+    chunks = sum(cdiv(n, BT) for n in lengths)
+    sized = fast_by_size(*_grids(chunks, len(lengths), HV, V, {**FAST, **options}), sms)
+    return {**FAST, **sized, **options}
 
 
 #: The looping output kernel's pipeline depth where the caller names none: at V tile 128 three stages need more

@@ -7,9 +7,9 @@ lists each tensor with the kernel that writes it and the kernels that read it, e
 kernel names it, so a test can hold the list against the launches a fast call really makes
 (gdnlab.interp.recorded_launches). Counting is by unique bytes: a kernel that reads a tensor reads it once (repeat
 reads by other programs of the same kernel, k by the value heads that share a key head and the state kernel's V
-tiles, are taken to hit the L2), which makes these bytes a lower bound on what each kernel moves. The count is of
-fast with one output program per chunk, as every in-situ run filed so far ran it; where fast now takes output blocks
-of two chunks (batches: out_chunks=2, docs/speed-notes.md item 54) only every second h is written and read.
+tiles, are taken to hit the L2), which makes these bytes a lower bound on what each kernel moves. Where fast takes
+output blocks of `out_chunks` chunks (batches: docs/speed-notes.md item 54) only each block's first h is written
+and read; an in-situ table says so per row in its `out_chunks` column (runs without it predate the blocks: 1).
 
 :func:`stage_traffic` sets those bytes beside an in-situ profile (benchmarks --parts in_situ): bytes per
 microsecond, as a fraction of the run's copy bandwidth (bench.csv's copy_bw_GBps). A kernel near 1 is bound by its
@@ -57,18 +57,26 @@ class Shape:
     HV: int = 32
     K: int = 128
     V: int = 128
+    seq_chunks: tuple[int, ...] = ()  # chunks of each sequence (empty: one sequence of `chunks`)
+
+    def states(self, out_chunks: int = 1) -> int:
+        """The per-chunk states h a call stores: one per block of `out_chunks` chunks of each sequence."""
+        return sum(cdiv(n, out_chunks) for n in (self.seq_chunks or (self.chunks,)))
 
     @classmethod
     def of(cls, lengths: Sequence[int], **heads: int) -> Shape:
         """The shape of a batch of sequences of these lengths (each split into chunks of BT tokens)."""
         if not lengths or min(lengths) < 1:
             raise ValueError(f"lengths: must be one or more positive sequence lengths, got {list(lengths)!r}")
-        return cls(tokens=sum(lengths), chunks=sum(cdiv(n, BT) for n in lengths), seqs=len(lengths), **heads)
+        per = tuple(cdiv(n, BT) for n in lengths)
+        return cls(tokens=sum(lengths), chunks=sum(per), seqs=len(lengths), seq_chunks=per, **heads)
 
 
-def fast_tensors(s: Shape, *, initial_state: bool = True, final_state: bool = True) -> list[Tensor]:
+def fast_tensors(s: Shape, *, initial_state: bool = True, final_state: bool = True,
+                 out_chunks: int = 1) -> list[Tensor]:
     """Every tensor a fast call moves through device memory, in bytes (bf16 q, k, v, beta, o and intermediates; fp32
-    g, gates, log-norms and states), with who writes and who reads it."""
+    g, gates, log-norms and states), with who writes and who reads it; h as the states stored with output blocks of
+    `out_chunks` chunks (its buffer keeps a slot for every chunk)."""
     t, H, HV, K, V = s.tokens, s.H, s.HV, s.K, s.V
     ln, pro, walk, out = FAST_KERNELS
     rows = [
@@ -84,7 +92,7 @@ def fast_tensors(s: Shape, *, initial_state: bool = True, final_state: bool = Tr
         Tensor("G + log|k|", t * HV * FP32, (pro, "gk_ptr"), ((walk, "gk_ptr"), (out, "gk_ptr"))),
         Tensor("W", t * HV * K * BF16, (pro, "w_ptr"), ((walk, "w_ptr"),)),
         Tensor("U", t * HV * V * BF16, (pro, "u_ptr"), ((walk, "u_ptr"),)),
-        Tensor("h", max(s.chunks, 1) * HV * K * V * BF16, (walk, "h_ptr"), ((out, "h_ptr"),)),
+        Tensor("h", max(s.states(out_chunks), 1) * HV * K * V * BF16, (walk, "h_ptr"), ((out, "h_ptr"),)),
         Tensor("V_new", t * HV * V * BF16, (walk, "vnew_ptr"), ((out, "vnew_ptr"),)),
         Tensor("o", t * HV * V * BF16, (out, "o_ptr"), ()),
     ]
@@ -129,7 +137,8 @@ def stage_traffic(in_situ: pd.DataFrame, copy_bw_GBps: float, *, backend: str = 
                   lengths: Mapping[str, Sequence[int]] | None = None, heads: Mapping[str, int] | None = None
                   ) -> pd.DataFrame:
     """Per shape and fast kernel of an in-situ profile: its microseconds per call, the MB :func:`fast_tensors`
-    counts for it, the GB/s that makes, and that as a fraction of `copy_bw_GBps`. Dense rows (integer B and T)
+    counts for it (with the output blocks its `out_chunks` column names; 1 without one), the GB/s that makes, and
+    that as a fraction of `copy_bw_GBps`. Dense rows (integer B and T)
     are B sequences of T tokens; a row whose B is not an integer (the ragged batch) needs its sequence lengths in
     `lengths` (keyed by that B, e.g. {"varlen": [...]}) and is left out without them. `heads`: Shape's H, HV, K,
     V (default: the Qwen3-Next layer's)."""
@@ -143,7 +152,8 @@ def stage_traffic(in_situ: pd.DataFrame, copy_bw_GBps: float, *, backend: str = 
         lens = _lengths(B, T, lengths or {})
         if lens is None:
             continue
-        by_kernel = kernel_bytes(fast_tensors(Shape.of(lens, **(heads or {}))))
+        blocks = int(g.out_chunks.iloc[0]) if "out_chunks" in g and g.out_chunks.notna().any() else 1
+        by_kernel = kernel_bytes(fast_tensors(Shape.of(lens, **(heads or {})), out_chunks=blocks))
         for _, r in g.iterrows():
             mb = by_kernel.total[r.kernel] / 1e6
             gbps = mb / r.us_per_call * 1e3  # MB per us is TB/s

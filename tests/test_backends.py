@@ -134,3 +134,21 @@ def test_bad_kernel_options_name_the_option(opt, val):
     kw = _kw()
     with pytest.raises(ValueError, match=f"^{opt}"):
         gdnlab.chunk_gated_delta_rule(**kw, backend="two_kernel", **{opt: val})
+
+
+def test_fast_options_are_what_a_fast_call_runs_with(monkeypatch):
+    """fast_options (for tools that did not run the call) gives the options the backend passes its pipeline: the
+    output blocks for a batch whose state kernel has more programs than multiprocessors, not for one sequence, and
+    the caller's options over both."""
+    import gdnlab.kernels.pipeline as kernels
+    from gdnlab.backends import fast_options
+    seen = []
+    real = kernels.walk
+    monkeypatch.setattr(kernels, "walk", lambda *a, **kw: (seen.append(kw), real(*a, **kw))[1])
+    for lengths, opts in (([100, 30, 64, 5, 70], {}), ([300], {}), ([100, 30, 64, 5, 70], dict(out_chunks=1))):
+        inp = make_inputs(seqlens=lengths, H=2, HV=8, K=32, V=128, seed=4)
+        gdnlab.chunk_gated_delta_rule(**inp.kwargs(), backend="fast", **opts)
+        want = fast_options(lengths, HV=8, V=128, sms=132, **opts)
+        assert seen[-1].get("out_chunks", 1) == want.get("out_chunks", 1)
+        assert seen[-1]["out_warps"] == want["out_warps"]
+    assert [kw.get("out_chunks", 1) for kw in seen] == [2, 1, 1]

@@ -79,3 +79,12 @@ def test_ncu_part_records_a_missing_profiler_instead_of_stopping(monkeypatch):
     text = '"ID","Metric Name"\n==ERROR== Failed to find metric smsp__x_per_issue_active.ratio\n==PROF== done'
     assert ncu.metric_errors(text) == ["==ERROR== Failed to find metric smsp__x_per_issue_active.ratio"]
     assert ncu.metric_errors(NCU_TEXT) == []
+
+
+def test_in_situ_rows_name_the_output_blocks_fast_ran():
+    """The in-situ part labels each fast row with the output blocks fast's size rule picks there (for
+    gdnlab.traffic), the caller's options over the rule, and nothing for other backends."""
+    from benchmarks.in_situ import out_chunks
+    assert out_chunks("fast", 8, 2048, 132) == 2 and out_chunks("fast", "varlen", 10900, 132) == 2
+    assert out_chunks("fast", 1, 32768, 132) == 1 and out_chunks("fast[out_chunks=1]", 8, 2048, 132) == 1
+    assert out_chunks("fla", 8, 2048, 132) is None

@@ -118,3 +118,30 @@ def test_from_run_is_load_then_stage_traffic_with_provenance():
     pd.testing.assert_frame_equal(t.drop(columns=["device", "torch", "triton", "seed"]),
                                   traffic.stage_traffic(in_situ, bw, lengths=lengths))
     assert (t.device == in_situ.device.iloc[0]).all()
+
+
+def test_output_blocks_store_one_state_a_block():
+    """With output blocks of two chunks the state kernel stores one h per block and the output kernel runs one
+    program per block (and V tile): the model's h is that many states, its buffer still a slot per chunk."""
+    lengths = [70, 5, 128, 200]  # 2 + 1 + 2 + 4 chunks: 1 + 1 + 1 + 2 blocks
+    inp = make_inputs(seqlens=lengths, seed=3, dtype=torch.bfloat16, **HEADS)
+    with recorded_launches() as got:
+        gdnlab.chunk_gated_delta_rule(**inp.kwargs(), backend="fast", out_chunks=2)
+    calls = {c.kernel.__name__: c for c in got}
+    s = traffic.Shape.of(lengths, **HEADS)
+    assert calls["fwd_h_kernel"].kwargs["H_EVERY"] == 2 and calls["fwd_o_kernel"].kwargs["OUT_M"] == 2
+    assert s.states(2) == 5 and s.states() == s.chunks == 9
+    assert calls["fwd_o_kernel"].grid[1] == s.states(2)
+    per_state = HEADS["HV"] * HEADS["K"] * HEADS["V"] * 2
+    assert _arg(calls["fwd_h_kernel"], "h_ptr").numel() * 2 == s.chunks * per_state
+    h = {n: next(x for x in traffic.fast_tensors(s, out_chunks=n) if x.name == "h").nbytes for n in (1, 2)}
+    assert h == {1: 9 * per_state, 2: 5 * per_state}
+
+
+def test_stage_traffic_counts_the_blocks_an_in_situ_row_names():
+    plain = traffic.stage_traffic(_in_situ(), 1000.0)
+    blocks = traffic.stage_traffic(_in_situ().assign(out_chunks=2), 1000.0)
+    d = (plain.set_index(["T", "kernel"]).MB - blocks.set_index(["T", "kernel"]).MB)
+    h_saved = traffic.Shape.of([2048] * 8).states() // 2 * 32 * 128 * 128 * 2 / 1e6
+    assert d[(2048, "fwd_h_kernel")] == pytest.approx(h_saved) and d[(2048, "fwd_o_kernel")] == pytest.approx(h_saved)
+    assert d[(2048, "prologue_kernel")] == 0
