@@ -94,7 +94,7 @@ def _triton(path: str, by_size: Callable[[int, int, int], dict[str, Any]] | None
             raise ValueError(f"prologue_solve: must be one of {', '.join(SOLVES)}, got {opts['prologue_solve']!r}")
         if opts.get("out_BV") not in (None, *OUT_BVS):
             raise ValueError(f"out_BV: must be one of {', '.join(map(str, OUT_BVS))}, got {opts['out_BV']!r}")
-        if opts.get("out_chunks", 1) not in OUT_CHUNKS:
+        if type(opts.get("out_chunks", 1)) is not int or opts.get("out_chunks", 1) not in OUT_CHUNKS:
             raise ValueError(f"out_chunks: must be one of {', '.join(map(str, OUT_CHUNKS))}, "
                              f"got {opts['out_chunks']!r}")
         poison = bool(opts.pop("poison", False))

@@ -328,7 +328,8 @@ def test_two_chunk_output_blocks_are_in_budget_and_leave_the_state_alone(name):
 
 def test_output_blocks_of_other_sizes_are_refused():
     kw = CASES_BY_NAME["t65"].inputs().kwargs()
-    with pytest.raises(ValueError, match="out_chunks"):
-        gdnlab.chunk_gated_delta_rule(**kw, backend="fast", out_chunks=3)
+    for bad in (3, 2.0, True):
+        with pytest.raises(ValueError, match="out_chunks"):
+            gdnlab.chunk_gated_delta_rule(**kw, backend="fast", out_chunks=bad)
     with pytest.raises(TypeError, match="out_chunks"):
         gdnlab.chunk_gated_delta_rule(**kw, backend="fused_fixed", out_chunks=2)

@@ -234,7 +234,7 @@ def two_kernel(pro: Prologue, v: torch.Tensor, o: torch.Tensor, plan: ChunkPlan,
     (tma_ok). The same numbers in every case but `out_chunks`: each output program takes that many consecutive
     chunks (one block of rows) from the first one's h, and the state kernel stores only those h (fwd_o_kernel's
     OUT_M)."""
-    if out_chunks not in OUT_CHUNKS:
+    if type(out_chunks) is not int or out_chunks not in OUT_CHUNKS:
         raise ValueError(f"out_chunks: must be one of {', '.join(map(str, OUT_CHUNKS))}, got {out_chunks!r}")
     tokens, H, K = pro.k.shape
     HV, V = v.shape[1], v.shape[2]
