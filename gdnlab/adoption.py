@@ -1,0 +1,77 @@
+"""The speed notes' adoption rules as findings: a candidate configuration of fast against fast, from the tables of
+one device run (bench.csv for time, conformance.csv and sweep.csv for accuracy). A rule is written in
+docs/speed-notes.md before its run; these functions apply it to the run's data and raise when it fails, so a notebook
+that states an adoption is recomputed, and fails, with its data.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import pandas as pd
+
+from gdnlab.backends import fast_options
+from gdnlab.findings import Finding, _fail
+from gdnlab.speed import _ratio
+
+#: The conformance columns that must all hold for a case to pass.
+CONFORMANCE_CHECKS = ("out_ok", "state_ok", "all_written", "padding_zero", "inputs_unchanged")
+
+
+def _true(col: pd.Series) -> pd.Series:
+    """A CSV column of booleans (read as bool or as text) as bool; missing is False."""
+    return col.astype(str).eq("True")
+
+
+def shapes_where(shapes: Mapping[str, Sequence[int]], *, HV: int, V: int, sms: int, **taken: Any) -> list[str]:
+    """The labels of `shapes` (label -> sequence lengths) at which fast's options (gdnlab.backends.fast_options)
+    include every `taken` option with its value: the class of shapes a size rule gives an option."""
+    return [label for label, lengths in shapes.items()
+            if all(fast_options(lengths, HV=HV, V=V, sms=sms).get(k) == v for k, v in taken.items())]
+
+
+def speed_rule(bench: pd.DataFrame, candidate: str, shapes: Sequence[str], *, baseline: str = "fast",
+               worst: float = 1.01, best: float = 0.97, timing: str = "graph_ms") -> Finding:
+    """The speed half of an adoption rule: at every shape of the class (labels as gdnlab.speed.load_bench gives
+    them) `candidate` takes at most `worst` times `baseline`'s time and at one or more at most `best`, and its
+    replays (plan, CUDA graph) equal its own output."""
+    r = _ratio(bench, candidate, baseline, timing)
+    missing = sorted(set(shapes) - set(r.index))
+    if missing:
+        raise _fail(f"speed_rule: no {candidate} / {baseline} time at {', '.join(missing)}", sorted(r.index))
+    r = r.loc[list(shapes)]
+    rows = bench[(bench.backend == candidate) & bench["shape"].isin(shapes)]
+    if "replays_equal" not in rows or not _true(rows.replays_equal).all():
+        raise _fail(f"speed_rule: {candidate}'s replays do not all equal its output", rows.get("replays_equal"))
+    if r.max() > worst or r.min() > best:
+        raise _fail(f"speed_rule: {candidate} misses the rule (at most {worst}x at every shape, at most {best}x at "
+                    f"one or more)", r.round(4).to_dict())
+    return Finding(f"{candidate} takes {r.min():.3f}-{r.max():.3f}x {baseline}'s {timing} at {', '.join(shapes)} "
+                   f"(rule: at most {worst}x at every one, at most {best}x at one or more), replays equal.",
+                   r.round(4).to_dict())
+
+
+def accuracy_rule(conformance: pd.DataFrame, sweep: pd.DataFrame, candidate: str, *, baseline: str = "fast",
+                  factor: float = 1.10, chunks: int = 1024) -> Finding:
+    """The accuracy half of an adoption rule: `candidate` passes every conformance case `baseline` was run on
+    (each of CONFORMANCE_CHECKS), and its max output error at `chunks` chunks in each sweep regime and initial
+    state is at most `factor` times `baseline`'s."""
+    base_cases = set(conformance[conformance.backend == baseline].case)
+    got = conformance[conformance.backend == candidate]
+    if not base_cases or set(got.case) != base_cases:
+        raise _fail(f"accuracy_rule: {candidate} was not run on {baseline}'s conformance cases",
+                    sorted(base_cases ^ set(got.case)))
+    failed = got[~pd.concat([_true(got[c]) for c in CONFORMANCE_CHECKS], axis=1).all(axis=1)]
+    if len(failed):
+        raise _fail(f"accuracy_rule: {candidate} fails conformance cases", sorted(failed.case))
+    at = sweep[sweep.n_chunks == chunks].pivot_table(index=["regime", "initial_state"], columns="backend",
+                                                     values="max_abs_err")
+    if candidate not in at or baseline not in at:
+        raise _fail(f"accuracy_rule: the sweep has no {chunks}-chunk errors of both", list(at.columns))
+    ratio = (at[candidate] / at[baseline]).dropna()
+    if ratio.empty or ratio.max() > factor:
+        raise _fail(f"accuracy_rule: {candidate}'s error at {chunks} chunks is above {factor}x {baseline}'s",
+                    ratio.round(4).to_dict())
+    return Finding(f"{candidate} passes all {len(got)} conformance cases; its max output error at {chunks} chunks "
+                   f"is {ratio.min():.3f}-{ratio.max():.3f}x {baseline}'s (rule: at most {factor}x).",
+                   {" / ".join(map(str, k)): v for k, v in ratio.round(4).items()})

@@ -1,0 +1,52 @@
+"""gdnlab.adoption: the speed notes' adoption rules applied to synthetic run tables, passing and failing."""
+import pandas as pd
+import pytest
+
+from gdnlab import adoption
+from gdnlab.speed import load_bench_frame
+
+SHAPES = {"1x512": [512], "1x32768": [32768], "8x2048": [2048] * 8, "varlen": [3000, 17, 512, 1, 4096]}
+
+
+def _bench(ratios, replays=True):
+    rows = []
+    for (B, T), r in zip(((1, 512), (8, 2048), ("varlen", 7626)), ratios):
+        rows.append(dict(backend="fast", B=B, T=T, tokens=7626 if B == "varlen" else B * T, graph_ms=1.0,
+                         replays_equal=True))
+        rows.append(dict(backend="cand", B=B, T=T, tokens=7626 if B == "varlen" else B * T, graph_ms=r,
+                         replays_equal=replays))
+    return load_bench_frame(pd.DataFrame(rows))
+
+
+def test_the_class_is_where_fast_takes_the_option():
+    assert adoption.shapes_where(SHAPES, HV=32, V=128, sms=132, out_chunks=2) == ["8x2048", "varlen"]
+
+
+def test_speed_rule_passes_and_fails_as_written():
+    f = adoption.speed_rule(_bench([1.2, 0.96, 1.01]), "cand", ["8x2048", "varlen"])
+    assert f.numbers == {"8x2048": 0.96, "varlen": 1.01}
+    for ratios, replays in (([1.0, 0.98, 0.99], True), ([1.0, 0.96, 1.02], True), ([1.0, 0.96, 1.0], False)):
+        with pytest.raises(AssertionError, match="speed_rule"):
+            adoption.speed_rule(_bench(ratios, replays), "cand", ["8x2048", "varlen"])
+    with pytest.raises(AssertionError, match="no cand"):
+        adoption.speed_rule(_bench([1.0, 0.9, 0.9]), "cand", ["4x8192"])
+
+
+def _accuracy(errors, failing=()):
+    conf = pd.DataFrame([dict(case=c, backend=b, **{k: not (b == "cand" and c in failing)
+                                                    for k in adoption.CONFORMANCE_CHECKS})
+                         for c in ("t1", "t65") for b in ("fast", "cand")])
+    sweep = pd.DataFrame([dict(regime=rg, initial_state=h0, backend=b, n_chunks=n, max_abs_err=e * (n / 1024))
+                          for (rg, h0), (ef, ec) in errors.items() for b, e in (("fast", ef), ("cand", ec))
+                          for n in (16, 1024)])
+    return conf, sweep
+
+
+def test_accuracy_rule_passes_and_fails_as_written():
+    errors = {("slow_gate", True): (1.0e-3, 1.05e-3), ("cutedsl_gate", False): (6e-4, 6e-4)}
+    f = adoption.accuracy_rule(*_accuracy(errors), "cand")
+    assert max(f.numbers.values()) == pytest.approx(1.05)
+    with pytest.raises(AssertionError, match="above 1.1x"):
+        adoption.accuracy_rule(*_accuracy({("slow_gate", True): (1.0e-3, 1.2e-3)}), "cand")
+    with pytest.raises(AssertionError, match="fails conformance"):
+        adoption.accuracy_rule(*_accuracy(errors, failing=("t65",)), "cand")
