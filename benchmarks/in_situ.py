@@ -9,7 +9,7 @@ import pandas as pd
 
 from benchmarks.context import Context
 from benchmarks.env import log, stamp
-from benchmarks.inputs import QWEN, SHAPES, VARLEN, input_sets, parse_label, tokens_of
+from benchmarks.inputs import QWEN, SHAPES, input_sets, lengths_of, parse_label, tokens_of
 from benchmarks.timing import backend_calls, capture
 
 OUTPUT = "in_situ.csv"
@@ -22,8 +22,7 @@ def out_chunks(label: str, B: Any, T: Any, sms: int) -> int | None:
     name, opts = parse_label(label)
     if name != "fast":
         return None
-    lengths = VARLEN if B == "varlen" else [T] * B
-    return int(fast_options(lengths, HV=QWEN["HV"], V=QWEN["V"], sms=sms, **opts).get("out_chunks", 1))
+    return int(fast_options(lengths_of(B, T), HV=QWEN["HV"], V=QWEN["V"], sms=sms, **opts).get("out_chunks", 1))
 
 
 def run(ctx: Context, backends: tuple[str, ...] = ("fast", "fla")) -> pd.DataFrame:

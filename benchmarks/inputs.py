@@ -31,9 +31,14 @@ def parse_label(label: str) -> tuple[str, dict[str, Any]]:
     return name, opts
 
 
+def lengths_of(B: Any, T: Any) -> list[int]:
+    """The sequence lengths of a bench shape (B sequences of T tokens, or the ragged batch's)."""
+    return list(VARLEN) if B == "varlen" else [T] * B
+
+
 def tokens_of(B: Any, T: Any) -> int:
     """Tokens of a bench shape (B x T, or the ragged batch's total)."""
-    return sum(VARLEN) if B == "varlen" else B * T
+    return sum(lengths_of(B, T))
 
 
 def bench_inputs(B: Any, T: Any, seed: int) -> GDNInputs:

@@ -7,7 +7,7 @@ import triton
 import triton.language as tl
 
 from gdnlab.interp import launch
-from gdnlab.kernel_params import BT, OUT_CHUNKS, cdiv, pow2
+from gdnlab.kernel_params import BT, cdiv, pow2
 from gdnlab.kernels.prologue import ChunkPlan, Prologue, alloc, wide_index
 from gdnlab.kernels.tiles import (absorb_all, as_index, gated_delta, chunk_output, inter_and_scores,
                                   l2_norm_of_rows, load_rows, load_state, load_tile, sequence_rows, store_rows,
@@ -232,10 +232,8 @@ def two_kernel(pro: Prologue, v: torch.Tensor, o: torch.Tensor, plan: ChunkPlan,
     program per chunk; more, about that many per V tile and value head, each looping over a run of one sequence's
     chunks `out_stages` deep (or 2); `out_tma`: its tiles through tensor descriptors where the buffers allow it
     (tma_ok). The same numbers in every case but `out_chunks`: each output program takes that many consecutive
-    chunks (one block of rows) from the first one's h, and the state kernel stores only those h (fwd_o_kernel's
-    OUT_M)."""
-    if type(out_chunks) is not int or out_chunks not in OUT_CHUNKS:
-        raise ValueError(f"out_chunks: must be one of {', '.join(map(str, OUT_CHUNKS))}, got {out_chunks!r}")
+    chunks (one block of rows; kernel_params.OUT_CHUNKS, checked where the backend validates its options) from the
+    first one's h, and the state kernel stores only those h (fwd_o_kernel's OUT_M)."""
     tokens, H, K = pro.k.shape
     HV, V = v.shape[1], v.shape[2]
     N = plan.cu_seqlens.numel() - 1
