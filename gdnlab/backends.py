@@ -51,7 +51,9 @@ def _triton(path: str, by_size: Callable[[int, int, int], dict[str, Any]] | None
     and `walk_t` (the prologue stores T instead of W and U, and the state kernel forms V_new = T diag(beta)
     (V - diag(exp(G)) K S) itself: the prologue's two products and their stores traded for one product in the walk;
     item 43), and `out_chunks` (each output program takes that many chunks from the first one's h, and the state
-    kernel stores only those h; item 53).
+    kernel stores only those h; item 53), and `fused_output` (the state kernel writes the output itself, with the
+    output kernel's roundings: no h or V_new in memory, no output kernel, and none of OUTPUT_KERNEL_OPTIONS;
+    item 55).
     `by_size(programs, walkers, sms)` gives defaults that depend on the call: programs = chunks x value heads (the
     prologue's grid), walkers = the state kernel's programs (sequences x value heads x V tiles), sms = the device's
     multiprocessors. Options passed to the call override both."""
@@ -83,10 +85,15 @@ def _triton(path: str, by_size: Callable[[int, int, int], dict[str, Any]] | None
             {"downcast", "intra_vnew"} if path == "fused" else {"out_BV", "out_warps", "out_stages", "norm_q_in_output",
                                                                  "index64", "fold_norm", "split_wu",
                                                                  "out_programs", "out_tma", "walk_t",
-                                                                 "out_chunks"})
+                                                                 "out_chunks", "fused_output"})
         unknown = set(opts) - allowed
         if unknown:
             raise TypeError(f"options: {path} backend does not take {sorted(unknown)}; it takes {sorted(allowed)}")
+        if opts.get("fused_output"):  # no output kernel: its options (a size rule's among them) do not apply
+            given = sorted(set(options) & set(OUTPUT_KERNEL_OPTIONS))
+            if given:
+                raise ValueError(f"fused_output: the state kernel writes the output; {given} do not apply")
+            opts = {n: v for n, v in opts.items() if n not in OUTPUT_KERNEL_OPTIONS}
         bv = opts.pop("BV", 64)
         if bv not in STATE_BVS:
             raise ValueError(f"BV: must be one of {', '.join(map(str, STATE_BVS))}, got {bv!r}")
@@ -182,6 +189,11 @@ def fast_options(lengths: Sequence[int], *, HV: int, V: int, sms: int, **options
     sized = fast_by_size(*_grids(chunks, len(lengths), HV, V, {**FAST, **options}), sms)
     return {**FAST, **sized, **options}
 
+
+#: The output kernel's options, which a call with fused_output (no output kernel) refuses when given and drops
+#: when a size rule sets them.
+OUTPUT_KERNEL_OPTIONS = ("out_BV", "out_warps", "out_stages", "out_programs", "out_tma", "out_chunks",
+                         "norm_q_in_output")
 
 #: The looping output kernel's pipeline depth where the caller names none: at V tile 128 three stages need more
 #: shared memory than a Hopper multiprocessor has (267864 B against 232448; docs/speed-notes.md item 39).

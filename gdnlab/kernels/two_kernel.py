@@ -16,10 +16,10 @@ from gdnlab.kernels.tiles import (absorb_all, as_index, gated_delta, chunk_outpu
 
 @triton.jit
 def fwd_h_kernel(k_ptr, u_ptr, w_ptr, gcum_ptr, h_ptr, vnew_ptr, h0_ptr, ht_ptr, cu_ptr, choff_ptr, gk_ptr,
-                 t_ptr, v_ptr, beta_ptr, lk_ptr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
-                 V: tl.constexpr, BV: tl.constexpr, HAS_H0: tl.constexpr, STORE_HT: tl.constexpr,
+                 t_ptr, v_ptr, beta_ptr, lk_ptr, q_ptr, o_ptr, gq_ptr, scale, H: tl.constexpr, HV: tl.constexpr,
+                 K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, HAS_H0: tl.constexpr, STORE_HT: tl.constexpr,
                  STATE_V_FIRST: tl.constexpr, BT: tl.constexpr, I64: tl.constexpr = True, FOLD: tl.constexpr = False,
-                 T_FORM: tl.constexpr = False, H_EVERY: tl.constexpr = 1):
+                 T_FORM: tl.constexpr = False, H_EVERY: tl.constexpr = 1, OUTPUT: tl.constexpr = False):
     """One program per (V tile, sequence, value head): carry the fp32 state, store bf16 V_new per chunk and bf16 h
     at every H_EVERY-th chunk of a sequence (the first of each block the output kernel takes; fwd_o_kernel's OUT_M).
     With FOLD, k is raw and the absorbed term's gates are gk = G + log|k| (gk_ptr, fp32 [tokens, HV]), so its rows
@@ -28,7 +28,11 @@ def fwd_h_kernel(k_ptr, u_ptr, w_ptr, gcum_ptr, h_ptr, vnew_ptr, h0_ptr, ht_ptr,
     T_FORM (the prologue stored T, not W and U): V_new = T diag(beta) (V - diag(exp(G_w)) K S), from the bf16 T rows
     (t_ptr, [tokens, HV, BT]), the input v and beta rows and K S in fp32, the bracket rounded to bf16 once; G_w is
     W's gate, G (or with FOLD G - log|k|, lk_ptr: fp32 [tokens, H]). The same product as U - W S, rounded in other
-    places: neither W nor U is rounded, and the subtraction comes before T's product."""
+    places: neither W nor U is rounded, and the subtraction comes before T's product.
+
+    OUTPUT: the walk writes each chunk's output itself (o_ptr, from q_ptr and, with FOLD, the rows' gates gq_ptr)
+    and stores neither h nor V_new: the output kernel's numbers (Q times the state rounded to bf16, the causal
+    scores times V_new rounded to bf16) without their round trip through memory; Q.K^T is formed once per V tile."""
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_hv = i_nh // HV, i_nh % HV
     i_h = i_hv // (HV // H)
@@ -37,6 +41,7 @@ def fwd_h_kernel(k_ptr, u_ptr, w_ptr, gcum_ptr, h_ptr, vnew_ptr, h0_ptr, ht_ptr,
     c0 = as_index(tl.load(choff_ptr + i_n), I64)
     v0 = i_v * BV
     kh, wh, uh, vh = k_ptr + i_h * K, w_ptr + i_hv * K, u_ptr + i_hv * V, vnew_ptr + i_hv * V
+    qh = q_ptr + i_h * K
     s0 = tl.zeros([64, BV], dtype=tl.float32)
     s1 = tl.zeros([64, BV], dtype=tl.float32)
     s2 = tl.zeros([64, BV], dtype=tl.float32)
@@ -64,21 +69,32 @@ def fwd_h_kernel(k_ptr, u_ptr, w_ptr, gcum_ptr, h_ptr, vnew_ptr, h0_ptr, ht_ptr,
             rh, srow = kh, H * K
         else:
             rh, srow = wh, HV * K
-        if c % H_EVERY == 0:
+        if c % H_EVERY == 0 and not OUTPUT:
             store_state(hb, 0, v0, s0, K, V, BV, False)
         vw = w_times_h(rh, rows, mrow, srow, 0, s0.to(tl.bfloat16), K)
+        if OUTPUT:
+            o_acc, sc = inter_and_scores(qh, kh, rows, mrow, H * K, 0, s0.to(tl.bfloat16), K)
         if K > 64:
-            if c % H_EVERY == 0:
+            if c % H_EVERY == 0 and not OUTPUT:
                 store_state(hb, 64, v0, s1, K, V, BV, False)
             vw = vw + w_times_h(rh, rows, mrow, srow, 64, s1.to(tl.bfloat16), K)
+            if OUTPUT:
+                oi, si = inter_and_scores(qh, kh, rows, mrow, H * K, 64, s1.to(tl.bfloat16), K)
+                o_acc, sc = o_acc + oi, sc + si
         if K > 128:
-            if c % H_EVERY == 0:
+            if c % H_EVERY == 0 and not OUTPUT:
                 store_state(hb, 128, v0, s2, K, V, BV, False)
             vw = vw + w_times_h(rh, rows, mrow, srow, 128, s2.to(tl.bfloat16), K)
+            if OUTPUT:
+                oi, si = inter_and_scores(qh, kh, rows, mrow, H * K, 128, s2.to(tl.bfloat16), K)
+                o_acc, sc = o_acc + oi, sc + si
         if K > 192:
-            if c % H_EVERY == 0:
+            if c % H_EVERY == 0 and not OUTPUT:
                 store_state(hb, 192, v0, s3, K, V, BV, False)
             vw = vw + w_times_h(rh, rows, mrow, srow, 192, s3.to(tl.bfloat16), K)
+            if OUTPUT:
+                oi, si = inter_and_scores(qh, kh, rows, mrow, H * K, 192, s3.to(tl.bfloat16), K)
+                o_acc, sc = o_acc + oi, sc + si
         if T_FORM:
             g_w = tl.load(gcum_ptr + rows * HV + i_hv, mask=mrow, other=0.0)
             if FOLD:
@@ -89,7 +105,14 @@ def fwd_h_kernel(k_ptr, u_ptr, w_ptr, gcum_ptr, h_ptr, vnew_ptr, h0_ptr, ht_ptr,
             v_new = tl.dot(load_rows(t_ptr + i_hv * BT, rows, mrow, HV * BT, 0, BT, BT), y)
         else:
             v_new = load_rows(uh, rows, mrow, HV * V, v0, BV, V).to(tl.float32) - vw
-        store_rows(vh, rows, mrow, HV * V, v0, v_new, BV, V)
+        if OUTPUT:
+            g_row = g_cum
+            if FOLD:
+                g_row = tl.load(gq_ptr + rows * HV + i_hv, mask=mrow, other=0.0)
+            out = chunk_output(o_acc, sc, g_row, g_cum, rows, mrow, v_new.to(tl.bfloat16), scale)
+            store_rows(o_ptr + i_hv * V, rows, mrow, HV * V, v0, out, BV, V)
+        else:
+            store_rows(vh, rows, mrow, HV * V, v0, v_new, BV, V)
         vg = gated_delta(v_new, g_cum, g_last, mrow)
         s0, s1, s2, s3 = absorb_all(s0, s1, s2, s3, kh, rows, mrow, H * K, vg, tl.exp(g_last), K, False)
     if STORE_HT:
@@ -224,7 +247,7 @@ def two_kernel(pro: Prologue, v: torch.Tensor, o: torch.Tensor, plan: ChunkPlan,
                state_v_first: bool, BV: int = 64, poison: bool = False, num_warps: int = 4,
                num_stages: int | None = None, out_BV: int | None = None, out_warps: int | None = None,
                out_stages: int | None = None, index64: bool | None = None, out_programs: int = 0,
-               out_tma: bool = False, out_chunks: int = 1) -> None:
+               out_tma: bool = False, out_chunks: int = 1, fused_output: bool = False) -> None:
     """State kernel then output kernel on flattened tensors; writes o and (if given) ht. `BV`, `num_warps` and
     `num_stages` configure the state kernel, and the output kernel too unless its `out_*` options are given
     (None: Triton's default stages). The output kernel l2-normalises q when the prologue left that to it
@@ -233,30 +256,38 @@ def two_kernel(pro: Prologue, v: torch.Tensor, o: torch.Tensor, plan: ChunkPlan,
     chunks `out_stages` deep (or 2); `out_tma`: its tiles through tensor descriptors where the buffers allow it
     (tma_ok). The same numbers in every case but `out_chunks`: each output program takes that many consecutive
     chunks (one block of rows; kernel_params.OUT_CHUNKS, checked where the backend validates its options) from the
-    first one's h, and the state kernel stores only those h (fwd_o_kernel's OUT_M)."""
+    first one's h, and the state kernel stores only those h (fwd_o_kernel's OUT_M). `fused_output`: the state
+    kernel writes the output itself (fwd_h_kernel's OUTPUT): the same roundings, no h or V_new in memory, and no
+    output kernel, so the `out_*` options do not apply (the backend refuses them)."""
     tokens, H, K = pro.k.shape
     HV, V = v.shape[1], v.shape[2]
     N = plan.cu_seqlens.numel() - 1
     dev = v.device
     out_BV, out_warps = out_BV or BV, out_warps or num_warps
     out_stages = out_stages or num_stages
-    h = alloc((max(plan.n_chunks, 1), HV, K, V), torch.bfloat16, dev, poison)
-    v_new = alloc((tokens, HV, V), torch.bfloat16, dev, poison)
+    dummy = pro.g_cum
+    if fused_output:
+        if pro.norm_q:
+            raise ValueError("fused_output: the state kernel reads q normalised or with its norm folded; "
+                             "run without norm_q_in_output")
+        h = v_new = dummy
+    else:
+        h = alloc((max(plan.n_chunks, 1), HV, K, V), torch.bfloat16, dev, poison)
+        v_new = alloc((tokens, HV, V), torch.bfloat16, dev, poison)
     states = [x for x in (initial_state, ht) if x is not None]
     t_form = pro.t is not None
-    i64 = wide_index(h, v_new, pro.t if t_form else pro.w, pro.q, *states) if index64 is None else index64
-    dummy = pro.g_cum
+    i64 = wide_index(h, v_new, o, pro.t if t_form else pro.w, pro.q, *states) if index64 is None else index64
     fold = pro.g_k is not None
     gq, gk = (pro.g_q, pro.g_k) if fold else (dummy, dummy)
     walk_t = (pro.t, v, pro.beta, pro.log_k if pro.log_k is not None else dummy) if t_form else (dummy,) * 4
     launch(fwd_h_kernel, (cdiv(V, BV), N * HV), pro.k, pro.u if not t_form else dummy,
            pro.w if not t_form else dummy, pro.g_cum, h, v_new,
            initial_state if initial_state is not None else dummy, ht if ht is not None else dummy,
-           plan.cu_seqlens, plan.chunk_offsets, gk, *walk_t, H=H, HV=HV, K=K, V=V, BV=BV,
+           plan.cu_seqlens, plan.chunk_offsets, gk, *walk_t, pro.q, o, gq, scale, H=H, HV=HV, K=K, V=V, BV=BV,
            HAS_H0=initial_state is not None, STORE_HT=ht is not None, STATE_V_FIRST=state_v_first, BT=BT, I64=i64,
-           FOLD=fold, T_FORM=t_form, H_EVERY=out_chunks, num_warps=num_warps, device=dev,
+           FOLD=fold, T_FORM=t_form, H_EVERY=out_chunks, OUTPUT=fused_output, num_warps=num_warps, device=dev,
            **({} if num_stages is None else dict(num_stages=num_stages)))
-    if plan.n_chunks:
+    if plan.n_chunks and not fused_output:
         segs = plan.runs(out_programs, out_chunks)
         loop = 0 < out_programs < plan.n_chunks
         out_tma = out_tma and tma_ok(pro.q, pro.k, v_new, o)
