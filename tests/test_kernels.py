@@ -333,3 +333,22 @@ def test_output_blocks_of_other_sizes_are_refused():
             gdnlab.chunk_gated_delta_rule(**kw, backend="fast", out_chunks=bad)
     with pytest.raises(TypeError, match="out_chunks"):
         gdnlab.chunk_gated_delta_rule(**kw, backend="fused_fixed", out_chunks=2)
+
+
+@pytest.mark.parametrize("name", ["var_pad_bf16_noh0", "b3_t65_bf16"])
+def test_fused_output_is_bit_equal_to_fast_on_the_cpu(name):
+    """fused_output (the state kernel writes the output; no h, V_new or output kernel) rounds where the output
+    kernel does: every element written, padding zero, output and final state bit-equal to fast's here."""
+    kw = CASES_BY_NAME[name].inputs().kwargs()
+    o, ht = gdnlab.chunk_gated_delta_rule(**kw, backend="fast", poison=True, fused_output=True)
+    want_o, want_ht = run(name, "fast")
+    assert torch.equal(o, want_o) and torch.equal(ht, want_ht)
+
+
+def test_fused_output_refuses_the_output_kernels_options():
+    kw = CASES_BY_NAME["t65"].inputs().kwargs()
+    for opts in (dict(out_chunks=2), dict(out_BV=64), dict(out_programs=2), dict(norm_q_in_output=True)):
+        with pytest.raises(ValueError, match="fused_output"):
+            gdnlab.chunk_gated_delta_rule(**kw, backend="fast", fused_output=True, **opts)
+    with pytest.raises(TypeError, match="fused_output"):
+        gdnlab.chunk_gated_delta_rule(**kw, backend="fused_fixed", fused_output=True)
