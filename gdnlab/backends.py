@@ -94,6 +94,8 @@ def _triton(path: str, by_size: Callable[[int, int, int], dict[str, Any]] | None
             if given:
                 raise ValueError(f"fused_output: the state kernel writes the output; {given} do not apply")
             opts = {n: v for n, v in opts.items() if n not in OUTPUT_KERNEL_OPTIONS}
+            if "num_stages" not in options:  # the size rule's depth is the two-kernel walk's: too deep for this one
+                opts.pop("num_stages", None)
         bv = opts.pop("BV", 64)
         if bv not in STATE_BVS:
             raise ValueError(f"BV: must be one of {', '.join(map(str, STATE_BVS))}, got {bv!r}")
