@@ -15,14 +15,16 @@ from benchmarks.timing import backend_calls, capture
 OUTPUT = "in_situ.csv"
 
 
-def out_chunks(label: str, B: Any, T: Any, sms: int) -> int | None:
-    """The output blocks (chunks per output program) a fast-labelled backend runs with at this bench shape
-    (gdnlab.backends.fast_options), for gdnlab.traffic's byte count; None for other backends."""
+def output_layout(label: str, B: Any, T: Any, sms: int) -> dict[str, Any]:
+    """How a fast-labelled backend writes its output at this bench shape (gdnlab.backends.fast_options), for
+    gdnlab.traffic's byte count: its output blocks (`out_chunks`, chunks per output program) and whether the state
+    kernel writes the output (`fused_output`); None for both for other backends."""
     from gdnlab.backends import fast_options
     name, opts = parse_label(label)
     if name != "fast":
-        return None
-    return int(fast_options(lengths_of(B, T), HV=QWEN["HV"], V=QWEN["V"], sms=sms, **opts).get("out_chunks", 1))
+        return dict(out_chunks=None, fused_output=None)
+    got = fast_options(lengths_of(B, T), HV=QWEN["HV"], V=QWEN["V"], sms=sms, **opts)
+    return dict(out_chunks=int(got.get("out_chunks", 1)), fused_output=bool(got.get("fused_output", False)))
 
 
 def run(ctx: Context, backends: tuple[str, ...] = ("fast", "fla")) -> pd.DataFrame:
@@ -57,7 +59,7 @@ def run(ctx: Context, backends: tuple[str, ...] = ("fast", "fla")) -> pd.DataFra
                     if t:
                         rows.append(dict(backend=be, B=B, T=T if T else tokens, tokens=tokens, kernel=ev.key[:120],
                                          calls_per_call=ev.count / reps, us_per_call=t / reps,
-                                         call_ms_profiled=span, out_chunks=out_chunks(be, B, T, ctx.env["sms"])))
+                                         call_ms_profiled=span, **output_layout(be, B, T, ctx.env["sms"])))
             except Exception as e:  # noqa: BLE001
                 rows.append(dict(backend=be, B=B, T=T, tokens=tokens, error=repr(e)[:300]))
             log("in situ", be, B, T, sum(r.get("us_per_call", 0) for r in rows if r["backend"] == be

@@ -89,13 +89,7 @@ def _triton(path: str, by_size: Callable[[int, int, int], dict[str, Any]] | None
         unknown = set(opts) - allowed
         if unknown:
             raise TypeError(f"options: {path} backend does not take {sorted(unknown)}; it takes {sorted(allowed)}")
-        if opts.get("fused_output"):  # no output kernel: its options (a size rule's among them) do not apply
-            given = sorted(set(options) & set(OUTPUT_KERNEL_OPTIONS))
-            if given:
-                raise ValueError(f"fused_output: the state kernel writes the output; {given} do not apply")
-            opts = {n: v for n, v in opts.items() if n not in OUTPUT_KERNEL_OPTIONS}
-            if "num_stages" not in options:  # the size rule's depth is the two-kernel walk's: too deep for this one
-                opts.pop("num_stages", None)
+        opts = _settle_output(opts, options, defaults)
         bv = opts.pop("BV", 64)
         if bv not in STATE_BVS:
             raise ValueError(f"BV: must be one of {', '.join(map(str, STATE_BVS))}, got {bv!r}")
@@ -160,9 +154,10 @@ def fast_by_size(programs: int, walkers: int, sms: int) -> dict[str, Any]:
     Qwen3-Next sequence of more than 132 chunks, 8448 tokens) the output kernel loops over runs of at least 16
     chunks, about four programs per V tile and value head, its tiles through tensor descriptors (0.97x at
     32768-65536 tokens on the H200, where at 4096-8192 tokens it cost 1.01-1.03x; items 40 and 42). With more
-    state-kernel programs than multiprocessors (batches) each output program takes a block of two chunks at 8 warps
-    from the first one's h, and the state kernel stores only those h (0.95-0.99x on an H100's three batch shapes;
-    items 53 and 54)."""
+    state-kernel programs than multiprocessors (batches) the state kernel writes the output itself at V tile 64
+    (fused_output: no h or V_new in memory, no output kernel; 0.93-0.98x on an H100's three batch shapes in two
+    runs, item 55, where output blocks of two chunks had taken 0.95-0.99x, item 54); for one sequence that costs
+    1.27-1.35x."""
     small = programs <= 2 * sms
     opts: dict[str, Any] = dict(prologue_warps=4 if small else 2, norm_q_in_output=programs <= 4 * sms)
     if small:
@@ -172,7 +167,25 @@ def fast_by_size(programs: int, walkers: int, sms: int) -> dict[str, Any]:
         if programs > 32 * sms:
             opts.update(out_programs=4, out_tma=True, out_stages=LOOP_OUT_STAGES)
     else:
-        opts.update(out_chunks=2, out_warps=8)
+        opts.update(fused_output=True, BV=64)
+    return opts
+
+
+def _settle_output(opts: dict[str, Any], given: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
+    """Merged options `opts` with fused_output settled against the options the caller `given`: a caller who names
+    an output-kernel option (OUTPUT_KERNEL_OPTIONS) without naming fused_output gets the output kernel (and the
+    default V tile) where a size rule chose fused_output; naming both is refused; otherwise the output kernel's
+    options (and a size rule's walk depth, too deep for the fused walk's shared memory) are dropped."""
+    if not opts.get("fused_output"):
+        return opts
+    named = sorted(set(given) & set(OUTPUT_KERNEL_OPTIONS))
+    if named and "fused_output" not in given:
+        return {**opts, "fused_output": False, "BV": given.get("BV", defaults.get("BV", 64))}
+    if named:
+        raise ValueError(f"fused_output: the state kernel writes the output; {named} do not apply")
+    opts = {n: v for n, v in opts.items() if n not in OUTPUT_KERNEL_OPTIONS}
+    if "num_stages" not in given:
+        opts.pop("num_stages", None)
     return opts
 
 
@@ -186,10 +199,11 @@ def _grids(chunks: int, seqs: int, HV: int, V: int, opts: dict[str, Any]) -> tup
 def fast_options(lengths: Sequence[int], *, HV: int, V: int, sms: int, **options: Any) -> dict[str, Any]:
     """The options a fast call on sequences of these lengths runs with on `sms` multiprocessors: FAST, then
     fast_by_size's, then the caller's `options` (as the backend merges them), so that tools which did not run the
-    call (gdnlab.traffic, the in-situ part) can say what it ran (the loop's default depth, set later, aside)."""
+    call (gdnlab.traffic, the in-situ part) can say what it ran (the loop's default depth, set later, aside), with
+    fused_output settled as the backend settles it."""
     chunks = sum(cdiv(n, BT) for n in lengths)
     sized = fast_by_size(*_grids(chunks, len(lengths), HV, V, {**FAST, **options}), sms)
-    return {**FAST, **sized, **options}
+    return _settle_output({**FAST, **sized, **options}, options, FAST)
 
 
 #: The output kernel's options, which a call with fused_output (no output kernel) refuses when given and drops

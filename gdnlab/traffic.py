@@ -8,8 +8,10 @@ kernel names it, so a test can hold the list against the launches a fast call re
 (gdnlab.interp.recorded_launches). Counting is by unique bytes: a kernel that reads a tensor reads it once (repeat
 reads by other programs of the same kernel, k by the value heads that share a key head and the state kernel's V
 tiles, are taken to hit the L2), which makes these bytes a lower bound on what each kernel moves. Where fast takes
-output blocks of `out_chunks` chunks (batches: docs/speed-notes.md item 54) only each block's first h is written
-and read; an in-situ table says so per row in its `out_chunks` column (runs without it predate the blocks: 1).
+output blocks of `out_chunks` chunks (docs/speed-notes.md item 54) only each block's first h is written and read;
+where fast's state kernel writes the output itself (`fused_output`, batches: item 55) there is no h, V_new or
+output kernel. An in-situ table says which per row in its `out_chunks` and `fused_output` columns (runs without
+them predate these options: 1 and False).
 
 :func:`stage_traffic` sets those bytes beside an in-situ profile (benchmarks --parts in_situ): bytes per
 microsecond, as a fraction of the run's copy bandwidth (bench.csv's copy_bw_GBps). A kernel near 1 is bound by its
@@ -73,12 +75,16 @@ class Shape:
 
 
 def fast_tensors(s: Shape, *, initial_state: bool = True, final_state: bool = True,
-                 out_chunks: int = 1) -> list[Tensor]:
+                 out_chunks: int = 1, fused_output: bool = False) -> list[Tensor]:
     """Every tensor a fast call moves through device memory, in bytes (bf16 q, k, v, beta, o and intermediates; fp32
     g, gates, log-norms and states), with who writes and who reads it; h as the states stored with output blocks of
-    `out_chunks` chunks (its buffer keeps a slot for every chunk)."""
+    `out_chunks` chunks (its buffer keeps a slot for every chunk). With `fused_output` the state kernel writes o
+    from q and there is no h, V_new or output kernel."""
     t, H, HV, K, V = s.tokens, s.H, s.HV, s.K, s.V
     ln, pro, walk, out = FAST_KERNELS
+    if fused_output:
+        return [_in_walk(x, walk, out) for x in fast_tensors(s, initial_state=initial_state, final_state=final_state)
+                if x.name not in ("h", "V_new")]
     rows = [
         Tensor("q", t * H * K * BF16, None, ((ln, "q_ptr"), (out, "q_ptr"))),
         Tensor("k", t * H * K * BF16, None, ((ln, "k_ptr"), (pro, "k_ptr"), (walk, "k_ptr"), (out, "k_ptr"))),
@@ -102,6 +108,15 @@ def fast_tensors(s: Shape, *, initial_state: bool = True, final_state: bool = Tr
     if final_state:
         rows.append(Tensor("final state", state, (walk, "ht_ptr"), ()))
     return rows
+
+
+def _in_walk(x: Tensor, walk: str, out: str) -> Tensor:
+    """`x` with the output kernel's accesses made by the state kernel, under the same argument names (fwd_h_kernel's
+    OUTPUT), each (kernel, argument) once."""
+    def moved(a: tuple[str, str]) -> tuple[str, str]:
+        return (walk, a[1]) if a[0] == out else a
+    return Tensor(x.name, x.nbytes, None if x.written_by is None else moved(x.written_by),
+                  tuple(dict.fromkeys(moved(a) for a in x.read_by)))
 
 
 def kernel_bytes(tensors: Sequence[Tensor]) -> pd.DataFrame:
@@ -137,7 +152,8 @@ def stage_traffic(in_situ: pd.DataFrame, copy_bw_GBps: float, *, backend: str = 
                   lengths: Mapping[str, Sequence[int]] | None = None, heads: Mapping[str, int] | None = None
                   ) -> pd.DataFrame:
     """Per shape and fast kernel of an in-situ profile: its microseconds per call, the MB :func:`fast_tensors`
-    counts for it (with the output blocks its `out_chunks` column names; 1 without one), the GB/s that makes, and
+    counts for it (with the output blocks and the fusion its `out_chunks` and `fused_output` columns name; 1 and
+    False without them), the GB/s that makes, and
     that as a fraction of `copy_bw_GBps`. Dense rows (integer B and T)
     are B sequences of T tokens; a row whose B is not an integer (the ragged batch) needs its sequence lengths in
     `lengths` (keyed by that B, e.g. {"varlen": [...]}) and is left out without them. `heads`: Shape's H, HV, K,
@@ -153,7 +169,9 @@ def stage_traffic(in_situ: pd.DataFrame, copy_bw_GBps: float, *, backend: str = 
         if lens is None:
             continue
         blocks = int(g.out_chunks.iloc[0]) if "out_chunks" in g and g.out_chunks.notna().any() else 1
-        by_kernel = kernel_bytes(fast_tensors(Shape.of(lens, **(heads or {})), out_chunks=blocks))
+        fused = bool(g.fused_output.iloc[0]) if "fused_output" in g and g.fused_output.notna().any() else False
+        by_kernel = kernel_bytes(fast_tensors(Shape.of(lens, **(heads or {})), out_chunks=blocks,
+                                              fused_output=fused))
         for _, r in g.iterrows():
             mb = by_kernel.total[r.kernel] / 1e6
             gbps = mb / r.us_per_call * 1e3  # MB per us is TB/s

@@ -19,7 +19,7 @@ def _bench(ratios, replays=True):
 
 
 def test_the_class_is_where_fast_takes_the_option():
-    assert adoption.shapes_where(SHAPES, HV=32, V=128, sms=132, out_chunks=2) == ["8x2048", "varlen"]
+    assert adoption.shapes_where(SHAPES, HV=32, V=128, sms=132, fused_output=True) == ["8x2048", "varlen"]
 
 
 def test_speed_rule_passes_and_fails_as_written():

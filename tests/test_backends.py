@@ -86,14 +86,14 @@ def test_fast_size_rule(programs, warps, nq, walkers, deep):
     """fast's options by size: 4 prologue warps and the doubling solve up to two programs per multiprocessor, the
     output kernel looping (2 stages) above 32 where the walk is pipelined, q normalised in the output
     kernel up to four, the walk pipelined 4 deep up to one state-kernel program per multiprocessor (132 here), and
-    past that output blocks of two chunks at 8 warps."""
+    past that the output written by the state kernel at V tile 64."""
     from gdnlab.backends import fast_by_size
     want = dict(prologue_warps=warps, norm_q_in_output=nq, **(dict(prologue_solve="doubling") if warps == 4 else {}),
                 **(dict(num_stages=4, out_stages=3) if deep else {}))
     if deep and programs > 32 * 132:
         want.update(out_programs=4, out_tma=True, out_stages=2)
     if not deep:
-        want.update(out_chunks=2, out_warps=8)
+        want.update(fused_output=True, BV=64)
     assert fast_by_size(programs, walkers, 132) == want
 
 
@@ -138,8 +138,8 @@ def test_bad_kernel_options_name_the_option(opt, val):
 
 def test_fast_options_are_what_a_fast_call_runs_with(monkeypatch):
     """fast_options (for tools that did not run the call) gives the options the backend passes its pipeline: the
-    output blocks for a batch whose state kernel has more programs than multiprocessors, not for one sequence, and
-    the caller's options over both."""
+    output written by the state kernel for a batch whose state kernel has more programs than multiprocessors, not
+    for one sequence, and the caller's options over both (an output-kernel option named turns the fusion off)."""
     import gdnlab.kernels.pipeline as kernels
     from gdnlab.backends import fast_options
     seen = []
@@ -149,6 +149,7 @@ def test_fast_options_are_what_a_fast_call_runs_with(monkeypatch):
         inp = make_inputs(seqlens=lengths, H=2, HV=8, K=32, V=128, seed=4)
         gdnlab.chunk_gated_delta_rule(**inp.kwargs(), backend="fast", **opts)
         want = fast_options(lengths, HV=8, V=128, sms=132, **opts)
-        assert seen[-1].get("out_chunks", 1) == want.get("out_chunks", 1)
-        assert seen[-1]["out_warps"] == want["out_warps"]
-    assert [kw.get("out_chunks", 1) for kw in seen] == [2, 1, 1]
+        assert {n: seen[-1].get(n) for n in ("fused_output", "out_chunks", "out_warps")} == {
+            n: want.get(n) for n in ("fused_output", "out_chunks", "out_warps")}
+        assert seen[-1]["BV"] == want["BV"]
+    assert [(kw.get("fused_output", False), kw["BV"]) for kw in seen] == [(True, 64), (False, 32), (False, 32)]

@@ -81,10 +81,12 @@ def test_ncu_part_records_a_missing_profiler_instead_of_stopping(monkeypatch):
     assert ncu.metric_errors(NCU_TEXT) == []
 
 
-def test_in_situ_rows_name_the_output_blocks_fast_ran():
-    """The in-situ part labels each fast row with the output blocks fast's size rule picks there (for
-    gdnlab.traffic), the caller's options over the rule, and nothing for other backends."""
-    from benchmarks.in_situ import out_chunks
-    assert out_chunks("fast", 8, 2048, 132) == 2 and out_chunks("fast", "varlen", 10900, 132) == 2
-    assert out_chunks("fast", 1, 32768, 132) == 1 and out_chunks("fast[out_chunks=1]", 8, 2048, 132) == 1
-    assert out_chunks("fla", 8, 2048, 132) is None
+def test_in_situ_rows_name_the_output_layout_fast_ran():
+    """The in-situ part labels each fast row with the output blocks and the fusion fast's size rule picks there
+    (for gdnlab.traffic), the caller's options over the rule, and nothing for other backends."""
+    from benchmarks.in_situ import output_layout
+    fused, plain = dict(out_chunks=1, fused_output=True), dict(out_chunks=1, fused_output=False)
+    assert output_layout("fast", 8, 2048, 132) == fused and output_layout("fast", "varlen", 10900, 132) == fused
+    assert output_layout("fast", 1, 32768, 132) == plain
+    assert output_layout("fast[out_chunks=2]", 8, 2048, 132) == dict(out_chunks=2, fused_output=False)
+    assert output_layout("fla", 8, 2048, 132) == dict(out_chunks=None, fused_output=None)

@@ -12,10 +12,10 @@ from gdnlab.interp import recorded_launches
 HEADS = dict(H=2, HV=4, K=32, V=16)
 
 
-def _launches(lengths):
+def _launches(lengths, **options):
     inp = make_inputs(seqlens=lengths, seed=3, dtype=torch.bfloat16, **HEADS)
     with recorded_launches() as got:
-        gdnlab.chunk_gated_delta_rule(**inp.kwargs(), backend="fast")
+        gdnlab.chunk_gated_delta_rule(**inp.kwargs(), backend="fast", **options)
     return {c.kernel.__name__: c for c in got}, [c.kernel.__name__ for c in got]
 
 
@@ -23,12 +23,13 @@ def _arg(call, name):
     return call.args[call.kernel.arg_names.index(name)]
 
 
-@pytest.mark.parametrize("lengths", [[70, 5, 128], [64]])
-def test_the_model_is_the_tensors_fast_launches_with(lengths):
-    calls, order = _launches(lengths)
-    assert tuple(order) == traffic.FAST_KERNELS
+@pytest.mark.parametrize("lengths, fused", [([70, 5, 128], False), ([64], False), ([70, 5, 128], True)])
+def test_the_model_is_the_tensors_fast_launches_with(lengths, fused):
+    calls, order = _launches(lengths, **(dict(fused_output=True) if fused else {}))
+    assert tuple(order) == traffic.FAST_KERNELS[:3 if fused else 4]
     assert calls["prologue_kernel"].kwargs["FOLD"] and calls["fwd_h_kernel"].kwargs["FOLD"]
-    for x in traffic.fast_tensors(traffic.Shape.of(lengths, **HEADS)):
+    assert calls["fwd_h_kernel"].kwargs["OUTPUT"] == fused
+    for x in traffic.fast_tensors(traffic.Shape.of(lengths, **HEADS), fused_output=fused):
         where = ([x.written_by] if x.written_by else []) + list(x.read_by)
         tensors = [_arg(calls[k], a) for k, a in where]
         assert all(isinstance(t, torch.Tensor) for t in tensors), x.name
@@ -145,3 +146,17 @@ def test_stage_traffic_counts_the_blocks_an_in_situ_row_names():
     h_saved = traffic.Shape.of([2048] * 8).states() // 2 * 32 * 128 * 128 * 2 / 1e6
     assert d[(2048, "fwd_h_kernel")] == pytest.approx(h_saved) and d[(2048, "fwd_o_kernel")] == pytest.approx(h_saved)
     assert d[(2048, "prologue_kernel")] == 0
+
+
+def test_fused_output_saves_the_round_trips_of_h_and_v_new():
+    """An in-situ row that names fused_output counts the state kernel's q, gq and o instead of its h and V_new, and
+    nothing for the output kernel: the call moves two passes over h and V_new fewer and the output kernel's second
+    reads of k and of k's gates, and the prologue the same."""
+    fused = traffic.stage_traffic(_in_situ()[lambda d: d.kernel != "fwd_o_kernel"].assign(fused_output=True), 1000.0)
+    plain = traffic.stage_traffic(_in_situ(), 1000.0)
+    s = traffic.Shape.of([2048] * 8)
+    trip = (2 * (s.states() * 32 * 128 * 128 * 2 + s.tokens * 32 * 128 * 2) + s.tokens * (16 * 128 * 2 + 32 * 4)) / 1e6
+    total = {n: t[t["T"] == 2048].groupby("kernel").MB.sum() for n, t in (("fused", fused), ("plain", plain))}
+    assert total["plain"].sum() - total["fused"].sum() == pytest.approx(trip)
+    assert total["fused"]["prologue_kernel"] == total["plain"]["prologue_kernel"]
+    assert "fwd_o_kernel" not in total["fused"]
