@@ -173,13 +173,14 @@ def fast_by_size(programs: int, walkers: int, sms: int) -> dict[str, Any]:
 
 def _settle_output(opts: dict[str, Any], given: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
     """Merged options `opts` with fused_output settled against the options the caller `given`: a caller who names
-    an output-kernel option (OUTPUT_KERNEL_OPTIONS) without naming fused_output gets the output kernel (and the
-    default V tile) where a size rule chose fused_output; naming both is refused; otherwise the output kernel's
-    options (and a size rule's walk depth, too deep for the fused walk's shared memory) are dropped."""
-    if not opts.get("fused_output"):
-        return opts
+    an output-kernel option (OUTPUT_KERNEL_OPTIONS) without naming fused_output, or turns it off, gets the output
+    kernel and, unless they name a V tile, the default one (a size rule's V tile is the fused walk's) where a size
+    rule chose fused_output; naming both is refused; otherwise the output kernel's options (and a size rule's walk
+    depth, too deep for the fused walk's shared memory) are dropped."""
     named = sorted(set(given) & set(OUTPUT_KERNEL_OPTIONS))
-    if named and "fused_output" not in given:
+    if not opts.get("fused_output") or (named and "fused_output" not in given):
+        if "fused_output" not in opts:
+            return opts
         return {**opts, "fused_output": False, "BV": given.get("BV", defaults.get("BV", 64))}
     if named:
         raise ValueError(f"fused_output: the state kernel writes the output; {named} do not apply")

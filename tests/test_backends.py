@@ -145,11 +145,13 @@ def test_fast_options_are_what_a_fast_call_runs_with(monkeypatch):
     seen = []
     real = kernels.walk
     monkeypatch.setattr(kernels, "walk", lambda *a, **kw: (seen.append(kw), real(*a, **kw))[1])
-    for lengths, opts in (([100, 30, 64, 5, 70], {}), ([300], {}), ([100, 30, 64, 5, 70], dict(out_chunks=1))):
+    for lengths, opts in (([100, 30, 64, 5, 70], {}), ([300], {}), ([100, 30, 64, 5, 70], dict(out_chunks=1)),
+                          ([100, 30, 64, 5, 70], dict(fused_output=False))):
         inp = make_inputs(seqlens=lengths, H=2, HV=8, K=32, V=128, seed=4)
         gdnlab.chunk_gated_delta_rule(**inp.kwargs(), backend="fast", **opts)
         want = fast_options(lengths, HV=8, V=128, sms=132, **opts)
         assert {n: seen[-1].get(n) for n in ("fused_output", "out_chunks", "out_warps")} == {
             n: want.get(n) for n in ("fused_output", "out_chunks", "out_warps")}
         assert seen[-1]["BV"] == want["BV"]
-    assert [(kw.get("fused_output", False), kw["BV"]) for kw in seen] == [(True, 64), (False, 32), (False, 32)]
+    assert [(kw.get("fused_output", False), kw["BV"]) for kw in seen] == [(True, 64), (False, 32), (False, 32),
+                                                                          (False, 32)]
