@@ -14,7 +14,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 from matplotlib.figure import Figure
 
-from gdnlab.findings import Summary
+from gdnlab.findings import Finding, Summary, _fail
 
 #: Column of :func:`table` -> the metric's name as ncu's details page prints it.
 METRICS = {
@@ -99,6 +99,40 @@ def counters_summary(tab: pd.DataFrame, kernel: str = "prologue_kernel") -> Summ
                      f"{r.sm_pct:.0f}% of peak{stall}")
     return Summary(f"{kernel} under ncu: " + "; ".join(parts) + ".",
                    k.set_index(["B", "T", "launch"]).drop(columns=["backend", "kernel"]).round(3).to_dict("index"))
+
+
+#: ncu's per-program limits on resident programs a multiprocessor (Occupancy section): the smallest binds.
+BLOCK_LIMITS = ("Block Limit Registers", "Block Limit Shared Mem", "Block Limit Warps", "Block Limit SM",
+                "Block Limit Barriers")
+
+
+def register_bound(ncu: pd.DataFrame, kernel: str = "prologue_kernel") -> Finding:
+    """Finding: at every profiled shape `kernel`'s resident programs are limited by its registers (ncu's register
+    block limit is the smallest of its limits) and its longest stall is waiting on memory (long scoreboard: global
+    and spilled local loads); the numbers carry its local-memory spill requests."""
+    got = _profiled(ncu)
+    rows = got[got.kernel == kernel]
+    if rows.empty:
+        raise ValueError(f"ncu: no rows of {kernel!r} (kernels: {', '.join(got.kernel.unique())})")
+    tops = table(ncu).set_index(_KEYS)
+    numbers, bad = {}, []
+    for keys, g in rows.groupby(_KEYS, sort=False):
+        by = g.drop_duplicates("metric").set_index("metric").value
+        limits = {n: float(by[n]) for n in BLOCK_LIMITS if n in by.index}
+        if "Block Limit Registers" not in limits:
+            raise ValueError(f"ncu: {kernel} at {keys[1]}x{keys[2]} has no register block limit (Occupancy section)")
+        top = tops.top_stall.get(keys) if "top_stall" in tops else None
+        shape = f"{keys[1]}x{keys[2]}"
+        numbers[shape] = dict(programs_by_registers=limits["Block Limit Registers"], top_stall=top,
+                              spill_requests=float(by.get("Local Memory Spilling Requests", float("nan"))))
+        if limits["Block Limit Registers"] > min(limits.values()) or top != "long_scoreboard":
+            bad.append(shape)
+    if bad:
+        raise _fail(f"register_bound: {kernel} is not register-bound and waiting on memory at {', '.join(bad)}",
+                    numbers)
+    return Finding(f"{kernel}: at {', '.join(numbers)} its registers limit its resident programs "
+                   f"({', '.join(str(int(n['programs_by_registers'])) for n in numbers.values())} a multiprocessor) "
+                   f"and its warps wait longest on memory (long scoreboard).", numbers)
 
 
 def stalls_figure(ncu: pd.DataFrame, *, top: int = 6) -> Figure:

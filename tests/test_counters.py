@@ -61,3 +61,17 @@ def test_stalls_figure_has_a_panel_per_shape():
     two = pd.concat([_ncu(), _ncu().assign(B=8, T=2048)], ignore_index=True)
     fig = counters.stalls_figure(two, top=2)
     assert len(fig.axes) == 2 and fig.axes[0].get_title() == "1 x 32768"
+
+
+def test_register_bound_needs_the_register_limit_to_bind_and_memory_to_stall():
+    def limited(registers, long_stall):
+        extra = [_line(0, "prologue_kernel", "Occupancy", f"Block Limit {n}", "block", v)
+                 for n, v in (("Registers", registers), ("Shared Mem", 5), ("Warps", 32))]
+        from benchmarks import ncu
+        return pd.concat([_ncu(prologue_long=long_stall),
+                          ncu.parse("\n".join([HEAD, *extra])).assign(backend="fast", B=1, T=32768)])
+    f = counters.register_bound(limited(4, 3.0))
+    assert f.numbers["1x32768"]["programs_by_registers"] == 4
+    for registers, long_stall in ((6, 3.0), (4, 0.5)):  # shared memory binds; the math pipe stalls longest
+        with pytest.raises(AssertionError, match="register_bound"):
+            counters.register_bound(limited(registers, long_stall))
