@@ -137,8 +137,8 @@ def register_bound(ncu: pd.DataFrame, kernel: str = "prologue_kernel") -> Findin
 
 def stalls_figure(ncu: pd.DataFrame, *, top: int = 6) -> Figure:
     """Stall reasons (warps per issued instruction) of each kernel, one panel per shape: the `top` reasons over
-    all kernels, the rest summed as "other"."""
-    st = stalls(ncu)
+    all kernels, the rest summed as "other" ("selected", the issuing warp, is no stall and left out)."""
+    st = stalls(ncu).drop(columns=list(NOT_STALLS), errors="ignore")
     if st.empty:
         raise ValueError("ncu: the run has no stall metrics (benchmarks.ncu.STALL_METRICS)")
     keep = st.sum().sort_values(ascending=False).index[:top]
