@@ -52,6 +52,10 @@ FOLD_NORM: dict[str, Any] = {"fold_norm": True}
 #: (STORE_T, no W or U products) and the state kernel forms V_new from T itself (T_FORM, one product more).
 WALK_T: dict[str, Any] = {**FOLD_NORM, "walk_t": True}
 
+#: fast's fold with the state kernel writing the output (option fused_output, docs/speed-notes.md item 55): no
+#: output kernel; the state kernel adds the output kernel's three products to its own two.
+FUSED_OUTPUT: dict[str, Any] = {**FOLD_NORM, "fused_output": True}
+
 #: The state kernel's V tiles (option BV) and the output kernel's (option out_BV: fast launches it at 128).
 _STATE = dict(bvs=STATE_BVS)
 _OUTPUT = dict(bvs=OUT_BVS, bv_option="out_BV")
@@ -70,6 +74,7 @@ TWO_KERNEL_BUILDS: dict[str, TwoKernelBuild] = {
     "fwd_o_fold": TwoKernelBuild("fwd_o_kernel", FOLD_NORM, **_OUTPUT),
     "prologue_walk_t": TwoKernelBuild("prologue_kernel", WALK_T),
     "fwd_h_walk_t": TwoKernelBuild("fwd_h_kernel", WALK_T, **_STATE),
+    "fwd_h_fused_output": TwoKernelBuild("fwd_h_kernel", FUSED_OUTPUT, **_STATE),
 }
 
 #: The jit function every fused variant launches (with its switches as constexprs).
@@ -149,12 +154,21 @@ INSTRUCTIONS: dict[str, tuple[Instr, ...]] = {
 }
 
 
+def _output_dots(BV: int, kt: int, BT: int) -> list[Dot]:
+    """The output's tl.dot sites (the output kernel's, or the state kernel's with fused_output)."""
+    return [
+        Dot("Q.h", BT, BV, kt),
+        Dot("Q.K^T", BT, BT, kt),
+        Dot("A.V_new", BT, BV, BT),
+    ]
+
+
 def kernel_dots(kernel: str, BV: int | None = None, K: int = 128, BT: int = _BT) -> list[Dot]:
     """The tl.dot sites `kernel` issues for one V tile of width BV (K = key dim, BT = chunk rows).
 
     Read off gdnlab/kernels: every K-tile loop repeats the same shapes, so each site is listed once. The sites are
     those of the build's jit function (TWO_KERNEL_BUILDS): FOLD changes gates, not dots; walk_t drops the
-    prologue's W and U products and adds T's product to the state kernel.
+    prologue's W and U products and adds T's product to the state kernel; fused_output adds the output's three.
     BV must be one of the V tiles the kernel takes (KERNEL_BVS: the output kernel's run to 128, N = BV there too).
     """
     if kernel not in KERNELS:
@@ -167,6 +181,7 @@ def kernel_dots(kernel: str, BV: int | None = None, K: int = 128, BT: int = _BT)
     kt = min(K, K_TILE)  # K is walked in register tiles
     fn = jit_fn(kernel)
     walk_t = kernel in TWO_KERNEL_BUILDS and TWO_KERNEL_BUILDS[kernel].options.get("walk_t", False)
+    fused_output = kernel in TWO_KERNEL_BUILDS and TWO_KERNEL_BUILDS[kernel].options.get("fused_output", False)
     if fn in ("l2norm_kernel", "log_norm_kernel"):
         return []
     if fn == "prologue_kernel":
@@ -181,16 +196,13 @@ def kernel_dots(kernel: str, BV: int | None = None, K: int = 128, BT: int = _BT)
                 Dot("T.(beta (V - exp(G) K.h))", BT, BV, BT),
                 Dot("K^T.V_new (state update)", kt, BV, BT),
             ]
-        return [
+        walk = [
             Dot("W.h", BT, BV, kt),
             Dot("K^T.V_new (state update)", kt, BV, BT),
         ]
+        return walk + _output_dots(BV, kt, BT) if fused_output else walk
     if fn == "fwd_o_kernel":
-        return [
-            Dot("Q.h", BT, BV, kt),
-            Dot("Q.K^T", BT, BT, kt),
-            Dot("A.V_new", BT, BV, BT),
-        ]
+        return _output_dots(BV, kt, BT)
     f = FUSED_VARIANTS[kernel]
     return [
         Dot("Q.h", BT, BV, kt, "bf16" if f.downcast else "fp32"),
