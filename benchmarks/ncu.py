@@ -33,6 +33,8 @@ SHAPES = [(1, 32768), (8, 2048)]
 SECTIONS = ("SpeedOfLight", "Occupancy", "LaunchStats", "WarpStateStats", "MemoryWorkloadAnalysis",
             "ComputeWorkloadAnalysis", "SchedulerStats")
 TIMEOUT_S = 300
+#: The seed of the profiled call's inputs (benchmarks.inputs.bench_inputs), written on every row as `seed`.
+SEED = 0
 #: Warp stall reasons, each as warps stalled for it per issued instruction: the details page shows WarpStateStats's
 #: totals but not its per-reason chart, so these are asked for by name (a run whose ncu lacks one falls back to the
 #: sections alone).
@@ -88,7 +90,7 @@ def run(ctx: Context, backends: tuple[str, ...] = ("fast",)) -> pd.DataFrame:
     frames = []
     for B, T in SHAPES:
         for be in backends:
-            base = dict(backend=be, B=B, T=T, tokens=tokens_of(B, T))
+            base = dict(backend=be, B=B, T=T, tokens=tokens_of(B, T), seed=SEED)
             try:
                 if ncu is None:
                     raise RuntimeError("ncu not found on PATH or under /opt/nvidia/nsight-compute/")
@@ -119,7 +121,7 @@ def target(backend: str, B: Any, T: Any) -> None:
 
     import gdnlab
     name, opts = parse_label(backend)
-    inp = bench_inputs(B, T, 0)
+    inp = bench_inputs(B, T, SEED)
     kw = call_kwargs(inp, backend)
     for _ in range(2):
         gdnlab.chunk_gated_delta_rule(**kw, backend=name, **opts)

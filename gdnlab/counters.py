@@ -32,6 +32,8 @@ STALL_PREFIX = "smsp__average_warps_issue_stalled_"
 STALL_SUFFIX = "_per_issue_active.ratio"
 #: A kernel's rows: ncu's launch index keeps apart two launches of one kernel in a call (two l2-norm launches).
 _KEYS = ["backend", "B", "T", "launch", "kernel"]
+#: Where a run's rows say what ran (device, versions, date, the inputs' seed): carried into :func:`table`.
+PROVENANCE = ("device", "torch", "triton", "date", "seed")
 #: Reasons ncu counts that are not waiting: "selected" is the issuing warp itself (about 1 per issue).
 NOT_STALLS = ("selected",)
 
@@ -61,13 +63,14 @@ def stalls(ncu: pd.DataFrame) -> pd.DataFrame:
 
 def table(ncu: pd.DataFrame) -> pd.DataFrame:
     """Per backend, shape and kernel launch (in launch order): METRICS's columns (duration in us whatever unit ncu
-    printed) and, where the run has them, the longest stall reason and its share of all stalls ("selected", the
-    issuing warp, left out of both)."""
+    printed), the run's PROVENANCE columns it has, and, where the run has them, the longest stall reason and its
+    share of all stalls ("selected", the issuing warp, left out of both)."""
     got = _profiled(ncu)
     rows = []
     for keys, g in got.groupby(_KEYS, sort=False):
         by = g.drop_duplicates("metric").set_index("metric")
         row = dict(zip(_KEYS, keys))
+        row.update({c: g[c].iloc[0] for c in PROVENANCE if c in g})
         for col, name in METRICS.items():
             row[col] = float(by.value[name]) if name in by.index else float("nan")
         if "Duration" in by.index:
