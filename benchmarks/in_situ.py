@@ -18,13 +18,15 @@ OUTPUT = "in_situ.csv"
 def output_layout(label: str, B: Any, T: Any, sms: int) -> dict[str, Any]:
     """How a fast-labelled backend writes its output at this bench shape (gdnlab.backends.fast_options), for
     gdnlab.traffic's byte count: its output blocks (`out_chunks`, chunks per output program) and whether the state
-    kernel writes the output (`fused_output`); None for both for other backends."""
+    kernel writes the output (`fused_output`) and the prologue stores T only (`walk_t`); None for each for other
+    backends."""
     from gdnlab.backends import fast_options
     name, opts = parse_label(label)
     if name != "fast":
-        return dict(out_chunks=None, fused_output=None)
+        return dict(out_chunks=None, fused_output=None, walk_t=None)
     got = fast_options(lengths_of(B, T), HV=QWEN["HV"], V=QWEN["V"], sms=sms, **opts)
-    return dict(out_chunks=int(got.get("out_chunks", 1)), fused_output=bool(got.get("fused_output", False)))
+    return dict(out_chunks=int(got.get("out_chunks", 1)), fused_output=bool(got.get("fused_output", False)),
+                walk_t=bool(got.get("walk_t", False)))
 
 
 def run(ctx: Context, backends: tuple[str, ...] = ("fast", "fla")) -> pd.DataFrame:

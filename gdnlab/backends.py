@@ -17,7 +17,7 @@ from gdnlab import peers, plans, reference
 from gdnlab.auto import auto_backend
 from gdnlab.kernel_params import BT, FIXED, OUT_BVS, OUT_CHUNKS, SHIPPED, STATE_BVS, cdiv
 from gdnlab.kernels import pipeline
-from gdnlab.kernels.prologue import SOLVE, SOLVES
+from gdnlab.kernels.prologue import SOLVE, SOLVES, forms_w_and_u
 from gdnlab.registry import UNAVAILABLE, BACKENDS, Backend, chunk_gated_delta_rule, get_backend, register_backend
 from gdnlab.validate import Problem
 
@@ -156,8 +156,9 @@ def fast_by_size(programs: int, walkers: int, sms: int) -> dict[str, Any]:
     32768-65536 tokens on the H200, where at 4096-8192 tokens it cost 1.01-1.03x; items 40 and 42). With more
     state-kernel programs than multiprocessors (batches) the state kernel writes the output itself at V tile 64
     (fused_output: no h or V_new in memory, no output kernel; 0.93-0.98x on an H100's three batch shapes in two
-    runs, item 55, where output blocks of two chunks had taken 0.95-0.99x, item 54); for one sequence that costs
-    1.27-1.35x."""
+    runs, item 55, where output blocks of two chunks had taken 0.95-0.99x, item 54), and its prologue stores T only,
+    the walk forming V_new from it (walk_t: a further 0.954-0.968x there, item 56); for one sequence the fusion
+    costs 1.27-1.35x and walk_t 1.06-1.12x from 2048 tokens."""
     small = programs <= 2 * sms
     opts: dict[str, Any] = dict(prologue_warps=4 if small else 2, norm_q_in_output=programs <= 4 * sms)
     if small:
@@ -167,21 +168,27 @@ def fast_by_size(programs: int, walkers: int, sms: int) -> dict[str, Any]:
         if programs > 32 * sms:
             opts.update(out_programs=4, out_tma=True, out_stages=LOOP_OUT_STAGES)
     else:
-        opts.update(fused_output=True, BV=64)
+        opts.update(fused_output=True, BV=64, walk_t=True)
     return opts
 
 
 def _settle_output(opts: dict[str, Any], given: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
-    """Merged options `opts` with fused_output settled against the options the caller `given`: a caller who names
-    an output-kernel option (OUTPUT_KERNEL_OPTIONS) without naming fused_output, or turns it off, gets the output
-    kernel and, unless they name a V tile, the default one (a size rule's V tile is the fused walk's) where a size
-    rule chose fused_output; naming both is refused; otherwise the output kernel's options (and a size rule's walk
-    depth, too deep for the fused walk's shared memory) are dropped."""
+    """Merged options `opts` with fused_output and walk_t settled against the options the caller `given`: a caller
+    who names an output-kernel option (OUTPUT_KERNEL_OPTIONS) without naming fused_output, or turns it off, gets
+    the output kernel and, unless they name them, the default V tile and no walk_t (a size rule's are the fused
+    walk's) where a size rule chose fused_output; naming both is refused; otherwise the output kernel's options
+    (and a size rule's walk depth, too deep for the fused walk's shared memory) are dropped. A size rule's walk_t
+    gives way to prologue options the caller names that need W and U (forms_w_and_u)."""
+    if opts.get("walk_t") and "walk_t" not in given and forms_w_and_u(
+            split_wu=bool(opts.get("split_wu")), tma=bool(opts.get("prologue_tma")),
+            solve=opts.get("prologue_solve", SOLVE)):
+        opts = {**opts, "walk_t": False}
     named = sorted(set(given) & set(OUTPUT_KERNEL_OPTIONS))
     if not opts.get("fused_output") or (named and "fused_output" not in given):
         if "fused_output" not in opts:
             return opts
-        return {**opts, "fused_output": False, "BV": given.get("BV", defaults.get("BV", 64))}
+        return {**opts, "fused_output": False, "BV": given.get("BV", defaults.get("BV", 64)),
+                "walk_t": given.get("walk_t", defaults.get("walk_t", False))}
     if named:
         raise ValueError(f"fused_output: the state kernel writes the output; {named} do not apply")
     opts = {n: v for n, v in opts.items() if n not in OUTPUT_KERNEL_OPTIONS}

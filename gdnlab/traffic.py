@@ -10,8 +10,9 @@ reads by other programs of the same kernel, k by the value heads that share a ke
 tiles, are taken to hit the L2), which makes these bytes a lower bound on what each kernel moves. Where fast takes
 output blocks of `out_chunks` chunks (docs/speed-notes.md item 54) only each block's first h is written and read;
 where fast's state kernel writes the output itself (`fused_output`, batches: item 55) there is no h, V_new or
-output kernel. An in-situ table says which per row in its `out_chunks` and `fused_output` columns (runs without
-them predate these options: 1 and False).
+output kernel, and with `walk_t` (batches: item 56) the prologue stores T instead of W and U. An in-situ table says
+which per row in its `out_chunks`, `fused_output` and `walk_t` columns (runs without them predate these options:
+1, False and False).
 
 :func:`stage_traffic` sets those bytes beside an in-situ profile (benchmarks --parts in_situ): bytes per
 microsecond, as a fraction of the run's copy bandwidth (bench.csv's copy_bw_GBps). A kernel near 1 is bound by its
@@ -75,13 +76,20 @@ class Shape:
 
 
 def fast_tensors(s: Shape, *, initial_state: bool = True, final_state: bool = True,
-                 out_chunks: int = 1, fused_output: bool = False) -> list[Tensor]:
+                 out_chunks: int = 1, fused_output: bool = False, walk_t: bool = False) -> list[Tensor]:
     """Every tensor a fast call moves through device memory, in bytes (bf16 q, k, v, beta, o and intermediates; fp32
     g, gates, log-norms and states), with who writes and who reads it; h as the states stored with output blocks of
     `out_chunks` chunks (its buffer keeps a slot for every chunk). With `fused_output` the state kernel writes o
-    from q and there is no h, V_new or output kernel."""
+    from q and there is no h, V_new or output kernel; with `walk_t` the prologue stores T instead of W and U, and
+    the state kernel reads T, v, beta and log|k| (docs/speed-notes.md items 43, 55 and 56)."""
     t, H, HV, K, V = s.tokens, s.H, s.HV, s.K, s.V
     ln, pro, walk, out = FAST_KERNELS
+    if walk_t:
+        also = {"v": "v_ptr", "beta": "beta_ptr", "log|k|": "lk_ptr"}
+        return [Tensor("T", t * HV * BT * BF16, (pro, "t_ptr"), ((walk, "t_ptr"),)) if x.name == "W" else
+                Tensor(x.name, x.nbytes, x.written_by, x.read_by + ((walk, also[x.name]),)) if x.name in also else x
+                for x in fast_tensors(s, initial_state=initial_state, final_state=final_state, out_chunks=out_chunks,
+                                      fused_output=fused_output) if x.name != "U"]
     if fused_output:
         return [_in_walk(x, walk, out) for x in fast_tensors(s, initial_state=initial_state, final_state=final_state)
                 if x.name not in ("h", "V_new")]
@@ -152,8 +160,8 @@ def stage_traffic(in_situ: pd.DataFrame, copy_bw_GBps: float, *, backend: str = 
                   lengths: Mapping[str, Sequence[int]] | None = None, heads: Mapping[str, int] | None = None
                   ) -> pd.DataFrame:
     """Per shape and fast kernel of an in-situ profile: its microseconds per call, the MB :func:`fast_tensors`
-    counts for it (with the output blocks and the fusion its `out_chunks` and `fused_output` columns name; 1 and
-    False without them), the GB/s that makes, and
+    counts for it (with the layout its `out_chunks`, `fused_output` and `walk_t` columns name; 1, False and False
+    without them), the GB/s that makes, and
     that as a fraction of `copy_bw_GBps`. Dense rows (integer B and T)
     are B sequences of T tokens; a row whose B is not an integer (the ragged batch) needs its sequence lengths in
     `lengths` (keyed by that B, e.g. {"varlen": [...]}) and is left out without them. `heads`: Shape's H, HV, K,
@@ -169,9 +177,10 @@ def stage_traffic(in_situ: pd.DataFrame, copy_bw_GBps: float, *, backend: str = 
         if lens is None:
             continue
         blocks = int(g.out_chunks.iloc[0]) if "out_chunks" in g and g.out_chunks.notna().any() else 1
-        fused = bool(g.fused_output.iloc[0]) if "fused_output" in g and g.fused_output.notna().any() else False
+        fused, walk_t = (bool(g[c].iloc[0]) if c in g and g[c].notna().any() else False
+                         for c in ("fused_output", "walk_t"))
         by_kernel = kernel_bytes(fast_tensors(Shape.of(lens, **(heads or {})), out_chunks=blocks,
-                                              fused_output=fused))
+                                              fused_output=fused, walk_t=walk_t))
         for _, r in g.iterrows():
             mb = by_kernel.total[r.kernel] / 1e6
             gbps = mb / r.us_per_call * 1e3  # MB per us is TB/s

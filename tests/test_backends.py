@@ -86,14 +86,14 @@ def test_fast_size_rule(programs, warps, nq, walkers, deep):
     """fast's options by size: 4 prologue warps and the doubling solve up to two programs per multiprocessor, the
     output kernel looping (2 stages) above 32 where the walk is pipelined, q normalised in the output
     kernel up to four, the walk pipelined 4 deep up to one state-kernel program per multiprocessor (132 here), and
-    past that the output written by the state kernel at V tile 64."""
+    past that the output written by the state kernel at V tile 64, from T stored by the prologue (walk_t)."""
     from gdnlab.backends import fast_by_size
     want = dict(prologue_warps=warps, norm_q_in_output=nq, **(dict(prologue_solve="doubling") if warps == 4 else {}),
                 **(dict(num_stages=4, out_stages=3) if deep else {}))
     if deep and programs > 32 * 132:
         want.update(out_programs=4, out_tma=True, out_stages=2)
     if not deep:
-        want.update(fused_output=True, BV=64)
+        want.update(fused_output=True, BV=64, walk_t=True)
     assert fast_by_size(programs, walkers, 132) == want
 
 
@@ -142,16 +142,21 @@ def test_fast_options_are_what_a_fast_call_runs_with(monkeypatch):
     for one sequence, and the caller's options over both (an output-kernel option named turns the fusion off)."""
     import gdnlab.kernels.pipeline as kernels
     from gdnlab.backends import fast_options
-    seen = []
+    seen, prologues = [], []
     real = kernels.walk
     monkeypatch.setattr(kernels, "walk", lambda *a, **kw: (seen.append(kw), real(*a, **kw))[1])
+    real_prologue = kernels.run_prologue
+    monkeypatch.setattr(kernels, "run_prologue", lambda *a, **kw: prologues.append(kw) or real_prologue(*a, **kw))
     for lengths, opts in (([100, 30, 64, 5, 70], {}), ([300], {}), ([100, 30, 64, 5, 70], dict(out_chunks=1)),
-                          ([100, 30, 64, 5, 70], dict(fused_output=False))):
+                          ([100, 30, 64, 5, 70], dict(fused_output=False)),
+                          ([100, 30, 64, 5, 70], dict(prologue_tma=True))):  # the rule's walk_t gives way
         inp = make_inputs(seqlens=lengths, H=2, HV=8, K=32, V=128, seed=4)
         gdnlab.chunk_gated_delta_rule(**inp.kwargs(), backend="fast", **opts)
         want = fast_options(lengths, HV=8, V=128, sms=132, **opts)
         assert {n: seen[-1].get(n) for n in ("fused_output", "out_chunks", "out_warps")} == {
             n: want.get(n) for n in ("fused_output", "out_chunks", "out_warps")}
         assert seen[-1]["BV"] == want["BV"]
+        assert bool(prologues[-1]["store_t"]) == bool(want.get("walk_t"))
     assert [(kw.get("fused_output", False), kw["BV"]) for kw in seen] == [(True, 64), (False, 32), (False, 32),
-                                                                          (False, 32)]
+                                                                          (False, 32), (True, 64)]
+    assert [p["store_t"] for p in prologues] == [True, False, False, False, False]

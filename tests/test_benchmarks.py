@@ -85,8 +85,9 @@ def test_in_situ_rows_name_the_output_layout_fast_ran():
     """The in-situ part labels each fast row with the output blocks and the fusion fast's size rule picks there
     (for gdnlab.traffic), the caller's options over the rule, and nothing for other backends."""
     from benchmarks.in_situ import output_layout
-    fused, plain = dict(out_chunks=1, fused_output=True), dict(out_chunks=1, fused_output=False)
+    fused = dict(out_chunks=1, fused_output=True, walk_t=True)
+    plain = dict(out_chunks=1, fused_output=False, walk_t=False)
     assert output_layout("fast", 8, 2048, 132) == fused and output_layout("fast", "varlen", 10900, 132) == fused
     assert output_layout("fast", 1, 32768, 132) == plain
-    assert output_layout("fast[out_chunks=2]", 8, 2048, 132) == dict(out_chunks=2, fused_output=False)
-    assert output_layout("fla", 8, 2048, 132) == dict(out_chunks=None, fused_output=None)
+    assert output_layout("fast[out_chunks=2]", 8, 2048, 132) == dict(plain, out_chunks=2)
+    assert output_layout("fla", 8, 2048, 132) == dict(out_chunks=None, fused_output=None, walk_t=None)

@@ -23,13 +23,14 @@ def _arg(call, name):
     return call.args[call.kernel.arg_names.index(name)]
 
 
-@pytest.mark.parametrize("lengths, fused", [([70, 5, 128], False), ([64], False), ([70, 5, 128], True)])
-def test_the_model_is_the_tensors_fast_launches_with(lengths, fused):
-    calls, order = _launches(lengths, **(dict(fused_output=True) if fused else {}))
+@pytest.mark.parametrize("lengths, fused, walk_t", [([70, 5, 128], False, False), ([64], False, False),
+                                                    ([70, 5, 128], True, False), ([70, 5, 128], True, True)])
+def test_the_model_is_the_tensors_fast_launches_with(lengths, fused, walk_t):
+    calls, order = _launches(lengths, fused_output=fused, walk_t=walk_t)
     assert tuple(order) == traffic.FAST_KERNELS[:3 if fused else 4]
     assert calls["prologue_kernel"].kwargs["FOLD"] and calls["fwd_h_kernel"].kwargs["FOLD"]
-    assert calls["fwd_h_kernel"].kwargs["OUTPUT"] == fused
-    for x in traffic.fast_tensors(traffic.Shape.of(lengths, **HEADS), fused_output=fused):
+    assert calls["fwd_h_kernel"].kwargs["OUTPUT"] == fused and calls["fwd_h_kernel"].kwargs["T_FORM"] == walk_t
+    for x in traffic.fast_tensors(traffic.Shape.of(lengths, **HEADS), fused_output=fused, walk_t=walk_t):
         where = ([x.written_by] if x.written_by else []) + list(x.read_by)
         tensors = [_arg(calls[k], a) for k, a in where]
         assert all(isinstance(t, torch.Tensor) for t in tensors), x.name

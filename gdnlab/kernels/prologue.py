@@ -608,6 +608,11 @@ def wide_index(*tensors: torch.Tensor) -> bool:
     return max(t.numel() for t in tensors) >= 2 ** 31
 
 
+def forms_w_and_u(*, split_wu: bool, tma: bool, solve: str) -> bool:
+    """Whether these prologue options need W and U formed, which store_t (the walk applies T) does not do."""
+    return split_wu or tma or solve == "by_blocks"
+
+
 def alloc(shape, dtype, device, poison: bool) -> torch.Tensor:
     """Every buffer the kernels' wrappers make (NaN-filled when poisoned), noted for gdnlab.plans (note_made)."""
     return note_made(torch.full(shape, float("nan"), dtype=dtype, device=device) if poison else torch.empty(
@@ -658,7 +663,7 @@ def run_prologue(q, k, v, g, beta, plan: ChunkPlan, use_qk_l2norm: bool, poison:
         raise ValueError(f"programs, stages: need programs >= 0 and stages >= 1, got {programs!r}, {stages!r}")
     if tma and solve == "by_blocks":
         raise ValueError("tma: takes a whole-chunk solve, not by_blocks")
-    if store_t and (split_wu or tma or solve == "by_blocks"):
+    if store_t and forms_w_and_u(split_wu=split_wu, tma=tma, solve=solve):
         raise ValueError("store_t: takes neither split_wu nor tma nor the by_blocks solve (no W or U is formed)")
     tokens, H, K = k.shape
     HV, V = v.shape[1], v.shape[2]
