@@ -338,11 +338,16 @@ def test_output_blocks_of_other_sizes_are_refused():
 @pytest.mark.parametrize("name", ["var_pad_bf16_noh0", "b3_t65_bf16"])
 def test_fused_output_is_bit_equal_to_fast_on_the_cpu(name):
     """fused_output (the state kernel writes the output; no h, V_new or output kernel) rounds where the output
-    kernel does: every element written, padding zero, output and final state bit-equal to fast's here."""
+    kernel does: every element written, padding zero, output and final state bit-equal to fast's here, and with
+    walk_t too (fast's layout for batches) bit-equal to walk_t alone."""
     kw = CASES_BY_NAME[name].inputs().kwargs()
     o, ht = gdnlab.chunk_gated_delta_rule(**kw, backend="fast", poison=True, fused_output=True)
     want_o, want_ht = run(name, "fast")
     assert torch.equal(o, want_o) and torch.equal(ht, want_ht)
+    if name == "b3_t65_bf16":
+        got = gdnlab.chunk_gated_delta_rule(**kw, backend="fast", poison=True, fused_output=True, walk_t=True)
+        want = gdnlab.chunk_gated_delta_rule(**kw, backend="fast", poison=True, walk_t=True)
+        assert all(torch.equal(a, b) for a, b in zip(got, want))
 
 
 def test_fused_output_refuses_the_output_kernels_options():
