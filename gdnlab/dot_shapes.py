@@ -190,13 +190,11 @@ def kernel_dots(kernel: str, BV: int | None = None, K: int = 128, BT: int = _BT)
                  Dot("block substitution T_ij (ieee)", SOLVE_BLOCK, SOLVE_BLOCK, SOLVE_BLOCK, "fp32")]
         return solve if walk_t else solve + [Dot("W = T.(beta exp(G) K)", BT, K, BT), Dot("U = T.(beta V)", BT, K, BT)]
     if fn == "fwd_h_kernel":
-        if walk_t:
-            return [
-                Dot("K.h", BT, BV, kt),
-                Dot("T.(beta (V - exp(G) K.h))", BT, BV, BT),
-                Dot("K^T.V_new (state update)", kt, BV, BT),
-            ]
         walk = [
+            Dot("K.h", BT, BV, kt),
+            Dot("T.(beta (V - exp(G) K.h))", BT, BV, BT),
+            Dot("K^T.V_new (state update)", kt, BV, BT),
+        ] if walk_t else [
             Dot("W.h", BT, BV, kt),
             Dot("K^T.V_new (state update)", kt, BV, BT),
         ]
