@@ -55,6 +55,8 @@ WALK_T: dict[str, Any] = {**FOLD_NORM, "walk_t": True}
 #: fast's fold with the state kernel writing the output (option fused_output, docs/speed-notes.md item 55): no
 #: output kernel; the state kernel adds the output kernel's three products to its own two.
 FUSED_OUTPUT: dict[str, Any] = {**FOLD_NORM, "fused_output": True}
+#: fast's layout for batches (items 55 and 56): the fused walk forming V_new from the T the prologue stores.
+BATCH_LAYOUT: dict[str, Any] = {**FUSED_OUTPUT, "walk_t": True}
 
 #: The state kernel's V tiles (option BV) and the output kernel's (option out_BV: fast launches it at 128).
 _STATE = dict(bvs=STATE_BVS)
@@ -75,6 +77,7 @@ TWO_KERNEL_BUILDS: dict[str, TwoKernelBuild] = {
     "prologue_walk_t": TwoKernelBuild("prologue_kernel", WALK_T),
     "fwd_h_walk_t": TwoKernelBuild("fwd_h_kernel", WALK_T, **_STATE),
     "fwd_h_fused_output": TwoKernelBuild("fwd_h_kernel", FUSED_OUTPUT, **_STATE),
+    "fwd_h_batch_layout": TwoKernelBuild("fwd_h_kernel", BATCH_LAYOUT, **_STATE),
 }
 
 #: The jit function every fused variant launches (with its switches as constexprs).
