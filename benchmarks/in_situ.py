@@ -21,12 +21,12 @@ def output_layout(label: str, B: Any, T: Any, sms: int) -> dict[str, Any]:
     kernel writes the output (`fused_output`) and the prologue stores T only (`walk_t`); None for each for other
     backends."""
     from gdnlab.backends import fast_options
+    from gdnlab.traffic import LAYOUT
     name, opts = parse_label(label)
     if name != "fast":
-        return dict(out_chunks=None, fused_output=None, walk_t=None)
+        return dict.fromkeys(LAYOUT)
     got = fast_options(lengths_of(B, T), HV=QWEN["HV"], V=QWEN["V"], sms=sms, **opts)
-    return dict(out_chunks=int(got.get("out_chunks", 1)), fused_output=bool(got.get("fused_output", False)),
-                walk_t=bool(got.get("walk_t", False)))
+    return {n: type(d)(got.get(n, d)) for n, d in LAYOUT.items()}
 
 
 def run(ctx: Context, backends: tuple[str, ...] = ("fast", "fla")) -> pd.DataFrame:

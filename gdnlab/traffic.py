@@ -36,6 +36,9 @@ from gdnlab.speed import _shape_labels, provenance
 #: fast's kernels in launch order (the names in_situ.csv gives them).
 FAST_KERNELS = ("log_norm_kernel", "prologue_kernel", "fwd_h_kernel", "fwd_o_kernel")
 BF16, FP32 = 2, 4
+#: How a fast call lays out its output (fast_tensors's options), each with its value for an in-situ run that
+#: predates its column: the in-situ part writes these columns (benchmarks.in_situ.output_layout).
+LAYOUT = {"out_chunks": 1, "fused_output": False, "walk_t": False}
 
 
 @dataclass(frozen=True)
@@ -176,11 +179,8 @@ def stage_traffic(in_situ: pd.DataFrame, copy_bw_GBps: float, *, backend: str = 
         lens = _lengths(B, T, lengths or {})
         if lens is None:
             continue
-        blocks = int(g.out_chunks.iloc[0]) if "out_chunks" in g and g.out_chunks.notna().any() else 1
-        fused, walk_t = (bool(g[c].iloc[0]) if c in g and g[c].notna().any() else False
-                         for c in ("fused_output", "walk_t"))
-        by_kernel = kernel_bytes(fast_tensors(Shape.of(lens, **(heads or {})), out_chunks=blocks,
-                                              fused_output=fused, walk_t=walk_t))
+        layout = {n: type(d)(g[n].iloc[0]) if n in g and g[n].notna().any() else d for n, d in LAYOUT.items()}
+        by_kernel = kernel_bytes(fast_tensors(Shape.of(lens, **(heads or {})), **layout))
         for _, r in g.iterrows():
             mb = by_kernel.total[r.kernel] / 1e6
             gbps = mb / r.us_per_call * 1e3  # MB per us is TB/s
