@@ -53,7 +53,8 @@ def _triton(path: str, by_size: Callable[[int, int, int], dict[str, Any]] | None
     item 43), and `out_chunks` (each output program takes that many chunks from the first one's h, and the state
     kernel stores only those h; item 53), and `fused_output` (the state kernel writes the output itself, with the
     output kernel's roundings: no h or V_new in memory, no output kernel, and none of OUTPUT_KERNEL_OPTIONS;
-    item 55).
+    item 55), and `walk_k_once` (with walk_t, the state kernel loads each chunk's K tiles once, for K S and the
+    state update; the same numbers; item 59).
     `by_size(programs, walkers, sms)` gives defaults that depend on the call: programs = chunks x value heads (the
     prologue's grid), walkers = the state kernel's programs (sequences x value heads x V tiles), sms = the device's
     multiprocessors. Options passed to the call override both."""
@@ -85,7 +86,7 @@ def _triton(path: str, by_size: Callable[[int, int, int], dict[str, Any]] | None
             {"downcast", "intra_vnew"} if path == "fused" else {"out_BV", "out_warps", "out_stages", "norm_q_in_output",
                                                                  "index64", "fold_norm", "split_wu",
                                                                  "out_programs", "out_tma", "walk_t",
-                                                                 "out_chunks", "fused_output"})
+                                                                 "out_chunks", "fused_output", "walk_k_once"})
         unknown = set(opts) - allowed
         if unknown:
             raise TypeError(f"options: {path} backend does not take {sorted(unknown)}; it takes {sorted(allowed)}")

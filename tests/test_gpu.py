@@ -28,8 +28,11 @@ def test_gpu_conformance_and_bit_equality(case):
 
 @pytest.mark.parametrize("backend, opts", [("fast", {}), ("auto", {}), ("fast", dict(walk_t=True)),
                                            ("fast", dict(out_chunks=2, out_warps=8)), ("fast", dict(fused_output=True)),
-                                           ("fast", dict(fused_output=True, BV=64, walk_t=True))],
-                         ids=["fast", "auto", "fast-walk_t", "fast-blocks", "fast-fused-output", "fast-batch-layout"])
+                                           ("fast", dict(fused_output=True, BV=64, walk_t=True)),
+                                           ("fast", dict(fused_output=True, BV=64, walk_t=True, walk_k_once=True,
+                                                         num_stages=2))],
+                         ids=["fast", "auto", "fast-walk_t", "fast-blocks", "fast-fused-output", "fast-batch-layout",
+                              "fast-k-once"])
 @pytest.mark.parametrize("case", CASES + ISOLATION, ids=lambda c: c.name)
 def test_gpu_fast_and_auto_within_budgets(case, backend, opts):
     inp = case.inputs("cuda")

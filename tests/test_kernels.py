@@ -350,6 +350,19 @@ def test_fused_output_is_bit_equal_to_fast_on_the_cpu(name):
         assert all(torch.equal(a, b) for a, b in zip(got, want))
 
 
+def test_walk_k_once_is_bit_equal_to_walk_t():
+    """walk_k_once (the state kernel keeps the K tiles of K S for the state update) changes which loads run, not
+    the numbers: output and final state bit-equal to walk_t's, with and without the fused output; refused where
+    the walk forms W S, not K S."""
+    kw = CASES_BY_NAME["b3_t65_bf16"].inputs().kwargs()
+    for opts in (dict(fused_output=True), dict(fused_output=False)):
+        got = gdnlab.chunk_gated_delta_rule(**kw, backend="fast", poison=True, walk_t=True, walk_k_once=True, **opts)
+        want = gdnlab.chunk_gated_delta_rule(**kw, backend="fast", poison=True, walk_t=True, **opts)
+        assert all(torch.equal(a, b) for a, b in zip(got, want))
+    with pytest.raises(ValueError, match="walk_k_once"):
+        gdnlab.chunk_gated_delta_rule(**kw, backend="fast", walk_t=False, walk_k_once=True)
+
+
 def test_fused_output_refuses_the_output_kernels_options():
     kw = CASES_BY_NAME["t65"].inputs().kwargs()
     for opts in (dict(out_chunks=2), dict(out_BV=64), dict(out_programs=2), dict(norm_q_in_output=True)):

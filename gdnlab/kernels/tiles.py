@@ -141,8 +141,14 @@ def chunk_output(o_inter, scores, g_row, g_col, rows, mrow, operand, scale):
 @triton.jit
 def w_times_h(w_ptr, rows, mrow, sw, k0, h_bf16, K: tl.constexpr):
     """W.h for one K tile: the part of the chunk's state contribution that V_new subtracts."""
+    return rows_times_h(w_ptr, rows, mrow, sw, k0, h_bf16, K)[1]
+
+
+@triton.jit
+def rows_times_h(w_ptr, rows, mrow, sw, k0, h_bf16, K: tl.constexpr):
+    """w_times_h's rows tile and product, the tile for a caller that uses it again (absorb_tiles)."""
     w = load_rows(w_ptr, rows, mrow, sw, k0, 64, K)
-    return tl.dot(w, h_bf16)
+    return w, tl.dot(w, h_bf16)
 
 
 @triton.jit
@@ -154,7 +160,12 @@ def gated_delta(v_new, g_cum, g_last, mrow):
 @triton.jit
 def absorb(s, k_ptr, rows, mrow, sqk, k0, vg, eg, K: tl.constexpr, V_FIRST: tl.constexpr):
     """Carry one K tile of the state across a chunk: S = exp(G_last) S + K_tile^T vg ([BV, 64] when V_FIRST)."""
-    k = load_rows(k_ptr, rows, mrow, sqk, k0, 64, K)
+    return absorb_tile(s, load_rows(k_ptr, rows, mrow, sqk, k0, 64, K), vg, eg, V_FIRST)
+
+
+@triton.jit
+def absorb_tile(s, k, vg, eg, V_FIRST: tl.constexpr):
+    """absorb() with the K tile's rows `k` already loaded."""
     if V_FIRST:
         return s * eg + tl.dot(tl.trans(vg), k)
     else:
@@ -171,4 +182,17 @@ def absorb_all(s0, s1, s2, s3, k_ptr, rows, mrow, sqk, vg, eg, K: tl.constexpr, 
         s2 = absorb(s2, k_ptr, rows, mrow, sqk, 128, vg, eg, K, V_FIRST)
     if K > 192:
         s3 = absorb(s3, k_ptr, rows, mrow, sqk, 192, vg, eg, K, V_FIRST)
+    return s0, s1, s2, s3
+
+
+@triton.jit
+def absorb_tiles(s0, s1, s2, s3, k0, k1, k2, k3, vg, eg, K: tl.constexpr, V_FIRST: tl.constexpr):
+    """absorb_all() with K's tiles already loaded (k_i: columns 64 i ...; those past K are not read)."""
+    s0 = absorb_tile(s0, k0, vg, eg, V_FIRST)
+    if K > 64:
+        s1 = absorb_tile(s1, k1, vg, eg, V_FIRST)
+    if K > 128:
+        s2 = absorb_tile(s2, k2, vg, eg, V_FIRST)
+    if K > 192:
+        s3 = absorb_tile(s3, k3, vg, eg, V_FIRST)
     return s0, s1, s2, s3

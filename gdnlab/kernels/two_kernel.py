@@ -9,9 +9,9 @@ import triton.language as tl
 from gdnlab.interp import launch
 from gdnlab.kernel_params import BT, cdiv, pow2
 from gdnlab.kernels.prologue import ChunkPlan, Prologue, alloc, wide_index
-from gdnlab.kernels.tiles import (absorb_all, as_index, gated_delta, chunk_output, inter_and_scores,
-                                  l2_norm_of_rows, load_rows, load_state, load_tile, sequence_rows, store_rows,
-                                  store_state, store_tile, tma_ok, use_descriptors, w_times_h)
+from gdnlab.kernels.tiles import (absorb_all, absorb_tiles, as_index, gated_delta, chunk_output, inter_and_scores,
+                                  l2_norm_of_rows, load_rows, load_state, load_tile, rows_times_h, sequence_rows,
+                                  store_rows, store_state, store_tile, tma_ok, use_descriptors)
 
 
 @triton.jit
@@ -19,7 +19,8 @@ def fwd_h_kernel(k_ptr, u_ptr, w_ptr, gcum_ptr, h_ptr, vnew_ptr, h0_ptr, ht_ptr,
                  t_ptr, v_ptr, beta_ptr, lk_ptr, q_ptr, o_ptr, gq_ptr, scale, H: tl.constexpr, HV: tl.constexpr,
                  K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, HAS_H0: tl.constexpr, STORE_HT: tl.constexpr,
                  STATE_V_FIRST: tl.constexpr, BT: tl.constexpr, I64: tl.constexpr = True, FOLD: tl.constexpr = False,
-                 T_FORM: tl.constexpr = False, H_EVERY: tl.constexpr = 1, OUTPUT: tl.constexpr = False):
+                 T_FORM: tl.constexpr = False, H_EVERY: tl.constexpr = 1, OUTPUT: tl.constexpr = False,
+                 K_ONCE: tl.constexpr = False):
     """One program per (V tile, sequence, value head): carry the fp32 state, store bf16 V_new per chunk and bf16 h
     at every H_EVERY-th chunk of a sequence (the first of each block the output kernel takes; fwd_o_kernel's OUT_M).
     With FOLD, k is raw and the absorbed term's gates are gk = G + log|k| (gk_ptr, fp32 [tokens, HV]), so its rows
@@ -32,7 +33,10 @@ def fwd_h_kernel(k_ptr, u_ptr, w_ptr, gcum_ptr, h_ptr, vnew_ptr, h0_ptr, ht_ptr,
 
     OUTPUT: the walk writes each chunk's output itself (o_ptr, from q_ptr and, with FOLD, the rows' gates gq_ptr)
     and stores neither h nor V_new: the output kernel's numbers (Q times the state rounded to bf16, the causal
-    scores times V_new rounded to bf16) without their round trip through memory; Q.K^T is formed once per V tile."""
+    scores times V_new rounded to bf16) without their round trip through memory; Q.K^T is formed once per V tile.
+
+    K_ONCE (with T_FORM): the K tiles loaded for K S are the ones the state update takes, not loaded again, so the
+    loop's software pipeline buffers one copy of them (docs/speed-notes.md item 59)."""
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_hv = i_nh // HV, i_nh % HV
     i_h = i_hv // (HV // H)
@@ -71,27 +75,31 @@ def fwd_h_kernel(k_ptr, u_ptr, w_ptr, gcum_ptr, h_ptr, vnew_ptr, h0_ptr, ht_ptr,
             rh, srow = wh, HV * K
         if c % H_EVERY == 0 and not OUTPUT:
             store_state(hb, 0, v0, s0, K, V, BV, False)
-        vw = w_times_h(rh, rows, mrow, srow, 0, s0.to(tl.bfloat16), K)
+        kt0, vw = rows_times_h(rh, rows, mrow, srow, 0, s0.to(tl.bfloat16), K)
+        kt1, kt2, kt3 = kt0, kt0, kt0
         if OUTPUT:
             o_acc, sc = inter_and_scores(qh, kh, rows, mrow, H * K, 0, s0.to(tl.bfloat16), K)
         if K > 64:
             if c % H_EVERY == 0 and not OUTPUT:
                 store_state(hb, 64, v0, s1, K, V, BV, False)
-            vw = vw + w_times_h(rh, rows, mrow, srow, 64, s1.to(tl.bfloat16), K)
+            kt1, vw1 = rows_times_h(rh, rows, mrow, srow, 64, s1.to(tl.bfloat16), K)
+            vw = vw + vw1
             if OUTPUT:
                 oi, si = inter_and_scores(qh, kh, rows, mrow, H * K, 64, s1.to(tl.bfloat16), K)
                 o_acc, sc = o_acc + oi, sc + si
         if K > 128:
             if c % H_EVERY == 0 and not OUTPUT:
                 store_state(hb, 128, v0, s2, K, V, BV, False)
-            vw = vw + w_times_h(rh, rows, mrow, srow, 128, s2.to(tl.bfloat16), K)
+            kt2, vw2 = rows_times_h(rh, rows, mrow, srow, 128, s2.to(tl.bfloat16), K)
+            vw = vw + vw2
             if OUTPUT:
                 oi, si = inter_and_scores(qh, kh, rows, mrow, H * K, 128, s2.to(tl.bfloat16), K)
                 o_acc, sc = o_acc + oi, sc + si
         if K > 192:
             if c % H_EVERY == 0 and not OUTPUT:
                 store_state(hb, 192, v0, s3, K, V, BV, False)
-            vw = vw + w_times_h(rh, rows, mrow, srow, 192, s3.to(tl.bfloat16), K)
+            kt3, vw3 = rows_times_h(rh, rows, mrow, srow, 192, s3.to(tl.bfloat16), K)
+            vw = vw + vw3
             if OUTPUT:
                 oi, si = inter_and_scores(qh, kh, rows, mrow, H * K, 192, s3.to(tl.bfloat16), K)
                 o_acc, sc = o_acc + oi, sc + si
@@ -114,7 +122,10 @@ def fwd_h_kernel(k_ptr, u_ptr, w_ptr, gcum_ptr, h_ptr, vnew_ptr, h0_ptr, ht_ptr,
         else:
             store_rows(vh, rows, mrow, HV * V, v0, v_new, BV, V)
         vg = gated_delta(v_new, g_cum, g_last, mrow)
-        s0, s1, s2, s3 = absorb_all(s0, s1, s2, s3, kh, rows, mrow, H * K, vg, tl.exp(g_last), K, False)
+        if K_ONCE:  # (with T_FORM the rows of K S are K's: the tiles loaded for it)
+            s0, s1, s2, s3 = absorb_tiles(s0, s1, s2, s3, kt0, kt1, kt2, kt3, vg, tl.exp(g_last), K, False)
+        else:
+            s0, s1, s2, s3 = absorb_all(s0, s1, s2, s3, kh, rows, mrow, H * K, vg, tl.exp(g_last), K, False)
     if STORE_HT:
         sb = ht_ptr + (as_index(i_n, I64) * HV + i_hv) * K * V
         store_state(sb, 0, v0, s0, K, V, BV, STATE_V_FIRST)
@@ -247,7 +258,8 @@ def two_kernel(pro: Prologue, v: torch.Tensor, o: torch.Tensor, plan: ChunkPlan,
                state_v_first: bool, BV: int = 64, poison: bool = False, num_warps: int = 4,
                num_stages: int | None = None, out_BV: int | None = None, out_warps: int | None = None,
                out_stages: int | None = None, index64: bool | None = None, out_programs: int = 0,
-               out_tma: bool = False, out_chunks: int = 1, fused_output: bool = False) -> None:
+               out_tma: bool = False, out_chunks: int = 1, fused_output: bool = False,
+               walk_k_once: bool = False) -> None:
     """State kernel then output kernel on flattened tensors; writes o and (if given) ht. `BV`, `num_warps` and
     `num_stages` configure the state kernel, and the output kernel too unless its `out_*` options are given
     (None: Triton's default stages). The output kernel l2-normalises q when the prologue left that to it
@@ -258,7 +270,9 @@ def two_kernel(pro: Prologue, v: torch.Tensor, o: torch.Tensor, plan: ChunkPlan,
     chunks (one block of rows; kernel_params.OUT_CHUNKS, checked where the backend validates its options) from the
     first one's h, and the state kernel stores only those h (fwd_o_kernel's OUT_M). `fused_output`: the state
     kernel writes the output itself (fwd_h_kernel's OUTPUT): the same roundings, no h or V_new in memory, and no
-    output kernel, so the `out_*` options do not apply (the backend refuses them)."""
+    output kernel, so the `out_*` options do not apply (the backend refuses them). `walk_k_once` (with the
+    prologue's T only): the state kernel keeps each chunk's K tiles, loaded for K S, for the state update rather
+    than loading them again (fwd_h_kernel's K_ONCE): the same numbers, fewer tiles in its pipeline's buffers."""
     tokens, H, K = pro.k.shape
     HV, V = v.shape[1], v.shape[2]
     N = plan.cu_seqlens.numel() - 1
@@ -276,6 +290,9 @@ def two_kernel(pro: Prologue, v: torch.Tensor, o: torch.Tensor, plan: ChunkPlan,
         v_new = alloc((tokens, HV, V), torch.bfloat16, dev, poison)
     states = [x for x in (initial_state, ht) if x is not None]
     t_form = pro.t is not None
+    if walk_k_once and not t_form:
+        raise ValueError("walk_k_once: the state kernel reuses the K tiles of K S, which only the walk that applies "
+                         "T forms; run with walk_t=True")
     i64 = wide_index(h, v_new, o, pro.t if t_form else pro.w, pro.q, *states) if index64 is None else index64
     fold = pro.g_k is not None
     gq, gk = (pro.g_q, pro.g_k) if fold else (dummy, dummy)
@@ -285,7 +302,8 @@ def two_kernel(pro: Prologue, v: torch.Tensor, o: torch.Tensor, plan: ChunkPlan,
            initial_state if initial_state is not None else dummy, ht if ht is not None else dummy,
            plan.cu_seqlens, plan.chunk_offsets, gk, *walk_t, pro.q, o, gq, scale, H=H, HV=HV, K=K, V=V, BV=BV,
            HAS_H0=initial_state is not None, STORE_HT=ht is not None, STATE_V_FIRST=state_v_first, BT=BT, I64=i64,
-           FOLD=fold, T_FORM=t_form, H_EVERY=out_chunks, OUTPUT=fused_output, num_warps=num_warps, device=dev,
+           FOLD=fold, T_FORM=t_form, H_EVERY=out_chunks, OUTPUT=fused_output, K_ONCE=walk_k_once, num_warps=num_warps,
+           device=dev,
            **({} if num_stages is None else dict(num_stages=num_stages)))
     if plan.n_chunks and not fused_output:
         segs = plan.runs(out_programs, out_chunks)
