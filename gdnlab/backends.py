@@ -90,7 +90,7 @@ def _triton(path: str, by_size: Callable[[int, int, int], dict[str, Any]] | None
         unknown = set(opts) - allowed
         if unknown:
             raise TypeError(f"options: {path} backend does not take {sorted(unknown)}; it takes {sorted(allowed)}")
-        opts = _settle_output(opts, options, defaults)
+        opts = _settle_output(opts, options, defaults, sized)
         bv = opts.pop("BV", 64)
         if bv not in STATE_BVS:
             raise ValueError(f"BV: must be one of {', '.join(map(str, STATE_BVS))}, got {bv!r}")
@@ -159,7 +159,9 @@ def fast_by_size(programs: int, walkers: int, sms: int) -> dict[str, Any]:
     (fused_output: no h or V_new in memory, no output kernel; 0.93-0.98x on an H100's three batch shapes in two
     runs, item 55, where output blocks of two chunks had taken 0.95-0.99x, item 54), and its prologue stores T only,
     the walk forming V_new from it (walk_t: a further 0.954-0.968x there, item 56); for one sequence the fusion
-    costs 1.27-1.35x and walk_t 1.06-1.12x from 2048 tokens."""
+    costs 1.27-1.35x and walk_t 1.06-1.12x from 2048 tokens. That fused walk keeps the K tiles it loads for K S for
+    the state update (walk_k_once) and is pipelined 2 stages deep, which halves its shared memory so two programs
+    share a multiprocessor (0.844-0.943x on the H100's batch shapes, item 59; 3 stages with K once: 1.08-1.13x)."""
     small = programs <= 2 * sms
     opts: dict[str, Any] = dict(prologue_warps=4 if small else 2, norm_q_in_output=programs <= 4 * sms)
     if small:
@@ -169,32 +171,41 @@ def fast_by_size(programs: int, walkers: int, sms: int) -> dict[str, Any]:
         if programs > 32 * sms:
             opts.update(out_programs=4, out_tma=True, out_stages=LOOP_OUT_STAGES)
     else:
-        opts.update(fused_output=True, BV=64, walk_t=True)
+        opts.update(fused_output=True, BV=64, walk_t=True, walk_k_once=True, num_stages=2)
     return opts
 
 
-def _settle_output(opts: dict[str, Any], given: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
+def _settle_output(opts: dict[str, Any], given: dict[str, Any], defaults: dict[str, Any],
+                   sized: dict[str, Any]) -> dict[str, Any]:
     """Merged options `opts` with fused_output and walk_t settled against the options the caller `given`: a caller
     who names an output-kernel option (OUTPUT_KERNEL_OPTIONS) without naming fused_output, or turns it off, gets
-    the output kernel and, unless they name them, the default V tile and no walk_t (a size rule's are the fused
-    walk's) where a size rule chose fused_output; naming both is refused; otherwise the output kernel's options
-    (and a size rule's walk depth, too deep for the fused walk's shared memory) are dropped. A size rule's walk_t
-    gives way to prologue options the caller names that need W and U (forms_w_and_u)."""
+    the output kernel and, unless they name them, the default V tile and no walk_t or walk_k_once (a size rule's
+    are the fused walk's) where a size rule chose fused_output; naming both is refused; otherwise the output
+    kernel's options are dropped. A size rule's walk_t gives way to prologue options the caller names that need W
+    and U (forms_w_and_u), and its walk_k_once with it. The size rule's (`sized`) walk depth is kept only for the
+    walk it was chosen for (the two-kernel walk's 4 would overflow the fused walk's shared memory; the 2 of the
+    fused walk loading K once would cost the others their prefetch)."""
     if opts.get("walk_t") and "walk_t" not in given and forms_w_and_u(
             split_wu=bool(opts.get("split_wu")), tma=bool(opts.get("prologue_tma")),
             solve=opts.get("prologue_solve", SOLVE)):
         opts = {**opts, "walk_t": False}
+    if opts.get("walk_k_once") and not opts.get("walk_t") and "walk_k_once" not in given:
+        opts = {**opts, "walk_k_once": False}
     named = sorted(set(given) & set(OUTPUT_KERNEL_OPTIONS))
     if not opts.get("fused_output") or (named and "fused_output" not in given):
-        if "fused_output" not in opts:
-            return opts
-        return {**opts, "fused_output": False, "BV": given.get("BV", defaults.get("BV", 64)),
-                "walk_t": given.get("walk_t", defaults.get("walk_t", False))}
-    if named:
+        if "fused_output" in opts:
+            opts = {**opts, "fused_output": False, "BV": given.get("BV", defaults.get("BV", 64)),
+                    "walk_t": given.get("walk_t", defaults.get("walk_t", False)),
+                    "walk_k_once": given.get("walk_k_once", defaults.get("walk_k_once", False))}
+    elif named:
         raise ValueError(f"fused_output: the state kernel writes the output; {named} do not apply")
-    opts = {n: v for n, v in opts.items() if n not in OUTPUT_KERNEL_OPTIONS}
-    if "num_stages" not in given:
-        opts.pop("num_stages", None)
+    else:
+        opts = {n: v for n, v in opts.items() if n not in OUTPUT_KERNEL_OPTIONS}
+    def walk(o: dict[str, Any]) -> tuple[bool, bool]:
+        return bool(o.get("fused_output")), bool(o.get("fused_output") and o.get("walk_k_once"))
+
+    if "num_stages" not in given and walk(opts) != walk(sized):
+        opts = {n: v for n, v in opts.items() if n != "num_stages"}
     return opts
 
 
@@ -212,7 +223,7 @@ def fast_options(lengths: Sequence[int], *, HV: int, V: int, sms: int, **options
     fused_output settled as the backend settles it."""
     chunks = sum(cdiv(n, BT) for n in lengths)
     sized = fast_by_size(*_grids(chunks, len(lengths), HV, V, {**FAST, **options}), sms)
-    return _settle_output({**FAST, **sized, **options}, options, FAST)
+    return _settle_output({**FAST, **sized, **options}, options, FAST, sized)
 
 
 #: The output kernel's options, which a call with fused_output (no output kernel) refuses when given and drops

@@ -86,14 +86,15 @@ def test_fast_size_rule(programs, warps, nq, walkers, deep):
     """fast's options by size: 4 prologue warps and the doubling solve up to two programs per multiprocessor, the
     output kernel looping (2 stages) above 32 where the walk is pipelined, q normalised in the output
     kernel up to four, the walk pipelined 4 deep up to one state-kernel program per multiprocessor (132 here), and
-    past that the output written by the state kernel at V tile 64, from T stored by the prologue (walk_t)."""
+    past that the output written by the state kernel at V tile 64, from T stored by the prologue (walk_t), loading
+    K once at 2 stages."""
     from gdnlab.backends import fast_by_size
     want = dict(prologue_warps=warps, norm_q_in_output=nq, **(dict(prologue_solve="doubling") if warps == 4 else {}),
                 **(dict(num_stages=4, out_stages=3) if deep else {}))
     if deep and programs > 32 * 132:
         want.update(out_programs=4, out_tma=True, out_stages=2)
     if not deep:
-        want.update(fused_output=True, BV=64, walk_t=True)
+        want.update(fused_output=True, BV=64, walk_t=True, walk_k_once=True, num_stages=2)
     assert fast_by_size(programs, walkers, 132) == want
 
 
@@ -157,6 +158,11 @@ def test_fast_options_are_what_a_fast_call_runs_with(monkeypatch):
             n: want.get(n) for n in ("fused_output", "out_chunks", "out_warps")}
         assert seen[-1]["BV"] == want["BV"]
         assert bool(prologues[-1]["store_t"]) == bool(want.get("walk_t"))
+        assert (seen[-1].get("walk_k_once", False), seen[-1].get("num_stages")) == (
+            want.get("walk_k_once", False), want.get("num_stages"))
     assert [(kw.get("fused_output", False), kw["BV"]) for kw in seen] == [(True, 64), (False, 32), (False, 32),
                                                                           (False, 32), (True, 64)]
     assert [p["store_t"] for p in prologues] == [True, False, False, False, False]
+    # the batch's walk loads K once at 2 stages; without its fused walk or walk_t, neither (the walk's own depth)
+    assert [(kw.get("walk_k_once", False), kw.get("num_stages")) for kw in seen] == [
+        (True, 2), (False, 4), (False, None), (False, None), (False, None)]
