@@ -5,6 +5,7 @@ that states an adoption is recomputed, and fails, with its data.
 """
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -75,3 +76,43 @@ def accuracy_rule(conformance: pd.DataFrame, sweep: pd.DataFrame, candidate: str
     return Finding(f"{candidate} passes all {len(got)} conformance cases; its max output error at {chunks} chunks "
                    f"is {ratio.min():.3f}-{ratio.max():.3f}x {baseline}'s (rule: at most {factor}x).",
                    {" / ".join(map(str, k)): v for k, v in ratio.round(4).items()})
+
+
+def best_candidate(bench: pd.DataFrame, candidates: Sequence[str], shapes: Sequence[str], *,
+                   baseline: str = "fast", **rule: Any) -> tuple[Finding, pd.DataFrame]:
+    """A rule among several candidates: the one with the lowest geometric-mean time over `baseline`'s at the class
+    `shapes` among those that pass speed_rule (with `rule`'s bounds) and are bit-equal to `baseline` at every shape
+    of the class (bench.csv's bit_equal_fast). Returns the finding (numbers: "best", the winner, and each
+    candidate's geometric mean) and the table of every candidate's ratios and
+    verdict (a miss stays in it as a miss); raises when none passes."""
+    rows = []
+    for c in candidates:
+        r = _ratio(bench, c, baseline, rule.get("timing", "graph_ms")).reindex(list(shapes))
+        sel = bench[(bench.backend == c) & bench["shape"].isin(shapes)]
+        equal = "bit_equal_fast" in sel and len(sel) > 0 and bool(_true(sel.bit_equal_fast).all())
+        try:
+            speed_rule(bench, c, shapes, baseline=baseline, **rule)
+            why = "" if equal else "not bit-equal"
+        except AssertionError as e:
+            why = str(e).splitlines()[0].split(": ", 1)[-1].replace(f"{c} ", "", 1)
+        rows.append({"candidate": c, **r.round(4).to_dict(), "geomean": float(r.prod() ** (1 / len(r))),
+                     "bit_equal": equal, "passes": not why, "why not": why})
+    table = pd.DataFrame(rows).set_index("candidate")
+    passed = table[table.passes]
+    if passed.empty:
+        raise _fail("best_candidate: no candidate passes the rule", table.to_dict("index"))
+    best = passed.geomean.idxmin()
+    return Finding(f"{best} passes the rule (bit-equal to {baseline}, at most the bounds' times its time at "
+                   f"{', '.join(shapes)}) with the lowest geometric mean of the candidates that do, "
+                   f"{passed.geomean.min():.3f}x; {len(table) - len(passed)} of {len(table)} miss.",
+                   {"best": best, **table.geomean.round(4).to_dict()}), table
+
+
+def tests_passed(pytest_tail: str, *, at_least: int = 1) -> Finding:
+    """A run's pytest summary line (the tail of `pytest -q`) as a finding: at least `at_least` passed and none
+    failed or errored."""
+    counts = {w: int(n) for n, w in re.findall(r"(\d+) (passed|failed|errors?|skipped|deselected)", pytest_tail)}
+    bad = counts.get("failed", 0) + counts.get("error", 0) + counts.get("errors", 0)
+    if bad or counts.get("passed", 0) < at_least:
+        raise _fail("tests_passed: the run's tests did not all pass", counts)
+    return Finding(f"{counts['passed']} GPU tests passed in the run, none failed.", counts)

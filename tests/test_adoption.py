@@ -50,3 +50,26 @@ def test_accuracy_rule_passes_and_fails_as_written():
         adoption.accuracy_rule(*_accuracy({("slow_gate", True): (1.0e-3, 1.2e-3)}), "cand")
     with pytest.raises(AssertionError, match="fails conformance"):
         adoption.accuracy_rule(*_accuracy(errors, failing=("t65",)), "cand")
+
+
+def test_best_candidate_takes_the_fastest_that_passes():
+    rows = []
+    for (B, T) in ((8, 2048), ("varlen", 7626)):
+        for name, r, eq in (("fast", 1.0, True), ("a", 0.95, True), ("b", 0.90, False), ("c", 0.80, True),
+                            ("d", 0.97, True)):
+            r = 1.05 if (name == "c" and B == "varlen") else r  # c is fastest at 8x2048 but misses at varlen
+            rows.append(dict(backend=name, B=B, T=T, tokens=7626 if B == "varlen" else B * T, graph_ms=r,
+                             replays_equal=True, bit_equal_fast=eq))
+    bench = load_bench_frame(pd.DataFrame(rows))
+    f, table = adoption.best_candidate(bench, ["a", "b", "c", "d"], ["8x2048", "varlen"])
+    assert f.numbers["best"] == "a" and list(table.passes) == [True, False, False, True]
+    assert table.loc["b", "why not"] == "not bit-equal"
+    with pytest.raises(AssertionError, match="no candidate"):
+        adoption.best_candidate(bench, ["b", "c"], ["8x2048", "varlen"])
+
+
+def test_tests_passed_reads_the_summary():
+    assert adoption.tests_passed("52 passed, 164 deselected in 18.65s").numbers["passed"] == 52
+    for tail in ("50 passed, 2 failed in 3s", "1 error in 2s", "164 deselected in 1s"):
+        with pytest.raises(AssertionError, match="tests_passed"):
+            adoption.tests_passed(tail)
