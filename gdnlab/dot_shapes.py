@@ -57,6 +57,9 @@ WALK_T: dict[str, Any] = {**FOLD_NORM, "walk_t": True}
 FUSED_OUTPUT: dict[str, Any] = {**FOLD_NORM, "fused_output": True}
 #: fast's layout for batches (items 55 and 56): the fused walk forming V_new from the T the prologue stores.
 BATCH_LAYOUT: dict[str, Any] = {**FUSED_OUTPUT, "walk_t": True}
+#: The batch layout with the state update reusing the K tiles of K S (option walk_k_once, item 59): fast's for
+#: batches since then, launched at 2 stages (one of the compile matrix's stage counts).
+K_ONCE: dict[str, Any] = {**BATCH_LAYOUT, "walk_k_once": True}
 
 #: The state kernel's V tiles (option BV) and the output kernel's (option out_BV: fast launches it at 128).
 _STATE = dict(bvs=STATE_BVS)
@@ -78,6 +81,7 @@ TWO_KERNEL_BUILDS: dict[str, TwoKernelBuild] = {
     "fwd_h_walk_t": TwoKernelBuild("fwd_h_kernel", WALK_T, **_STATE),
     "fwd_h_fused_output": TwoKernelBuild("fwd_h_kernel", FUSED_OUTPUT, **_STATE),
     "fwd_h_batch_layout": TwoKernelBuild("fwd_h_kernel", BATCH_LAYOUT, **_STATE),
+    "fwd_h_k_once": TwoKernelBuild("fwd_h_kernel", K_ONCE, **_STATE),
 }
 
 #: The jit function every fused variant launches (with its switches as constexprs).

@@ -136,14 +136,15 @@ def test_frontend_minima_per_release():
 def test_job_list():
     full = jobs()
     # 3 targets; 5 BV-free kernels (l2norm, prologue, log_norm, prologue_fold, prologue_walk_t) x 6 warps/stages,
-    # 9 kernels at the state BVs (fwd_h, fwd_h_fold, fwd_h_walk_t, fwd_h_fused_output, fwd_h_batch_layout, 4 fused
-    # variants) x 4 BV x 6, the output kernels (fwd_o, fwd_o_fold) x 5 BV x 6
-    assert len(full) == 3 * (5 * 6 + 9 * 4 * 6 + 2 * 5 * 6) == 918
+    # 10 kernels at the state BVs (fwd_h, fwd_h_fold, fwd_h_walk_t, fwd_h_fused_output, fwd_h_batch_layout,
+    # fwd_h_k_once, 4 fused variants) x 4 BV x 6, the output kernels (fwd_o, fwd_o_fold) x 5 BV x 6
+    assert len(full) == 3 * (5 * 6 + 10 * 4 * 6 + 2 * 5 * 6) == 990
     free = ("l2norm", "prologue", "log_norm", "prologue_fold", "prologue_walk_t")
     assert {j["BV"] for j in full if j["kernel"] in free} == {None}
     assert {j["BV"] for j in full if j["kernel"] in ("fwd_o", "fwd_o_fold")} == {8, 16, 32, 64, 128}
     assert {j["BV"] for j in full if j["kernel"] in ("fwd_h", "fwd_h_fold", "fwd_h_walk_t", "fwd_h_fused_output",
-                                                     "fwd_h_batch_layout", *cm.FUSED_VARIANTS)} == set(BVS)
+                                                     "fwd_h_batch_layout", "fwd_h_k_once",
+                                                     *cm.FUSED_VARIANTS)} == set(BVS)
     quick = jobs(quick=True)
     assert len(quick) == 12 and {j["kernel"] for j in quick} == {"fused_shipped", "fwd_o"}
     # the release sweep: fused_shipped at 4 BVs, fwd_o at 5, on 2 targets
