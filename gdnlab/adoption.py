@@ -79,10 +79,10 @@ def accuracy_rule(conformance: pd.DataFrame, sweep: pd.DataFrame, candidate: str
 
 
 def best_candidate(bench: pd.DataFrame, candidates: Sequence[str], shapes: Sequence[str], *,
-                   baseline: str = "fast", **rule: Any) -> tuple[Finding, pd.DataFrame]:
+                   baseline: str = "fast", bit_equal: bool = True, **rule: Any) -> tuple[Finding, pd.DataFrame]:
     """A rule among several candidates: the one with the lowest geometric-mean time over `baseline`'s at the class
-    `shapes` among those that pass speed_rule (with `rule`'s bounds) and are bit-equal to `baseline` at every shape
-    of the class (bench.csv's bit_equal_fast). Returns the finding (numbers: "best", the winner, and each
+    `shapes` among those that pass speed_rule (with `rule`'s bounds) and, if the rule asks it (`bit_equal`), are
+    bit-equal to `baseline` at every shape of the class (bench.csv's bit_equal_fast). Returns the finding (numbers: "best", the winner, and each
     candidate's geometric mean) and the table of every candidate's ratios and
     verdict (a miss stays in it as a miss); raises when none passes."""
     rows = []
@@ -92,7 +92,7 @@ def best_candidate(bench: pd.DataFrame, candidates: Sequence[str], shapes: Seque
         equal = "bit_equal_fast" in sel and len(sel) > 0 and bool(_true(sel.bit_equal_fast).all())
         try:
             speed_rule(bench, c, shapes, baseline=baseline, **rule)
-            why = "" if equal else "not bit-equal"
+            why = "" if equal or not bit_equal else "not bit-equal"
         except AssertionError as e:
             why = str(e).splitlines()[0].split(": ", 1)[-1].replace(f"{c} ", "", 1)
         rows.append({"candidate": c, **r.round(4).to_dict(), "geomean": float(r.prod() ** (1 / len(r))),
@@ -102,7 +102,8 @@ def best_candidate(bench: pd.DataFrame, candidates: Sequence[str], shapes: Seque
     if passed.empty:
         raise _fail("best_candidate: no candidate passes the rule", table.to_dict("index"))
     best = passed.geomean.idxmin()
-    return Finding(f"{best} passes the rule (bit-equal to {baseline}, at most the bounds' times its time at "
+    return Finding(f"{best} passes the rule ({f'bit-equal to {baseline}, ' if bit_equal else ''}at most the "
+                   f"bounds' times {baseline}'s time at "
                    f"{', '.join(shapes)}) with the lowest geometric mean of the candidates that do, "
                    f"{passed.geomean.min():.3f}x; {len(table) - len(passed)} of {len(table)} miss.",
                    {"best": best, **table.geomean.round(4).to_dict()}), table

@@ -64,6 +64,8 @@ def test_best_candidate_takes_the_fastest_that_passes():
     f, table = adoption.best_candidate(bench, ["a", "b", "c", "d"], ["8x2048", "varlen"])
     assert f.numbers["best"] == "a" and list(table.passes) == [True, False, False, True]
     assert table.loc["b", "why not"] == "not bit-equal"
+    f, _ = adoption.best_candidate(bench, ["a", "b", "c", "d"], ["8x2048", "varlen"], bit_equal=False)
+    assert f.numbers["best"] == "b"  # a rule that does not ask bit-equality
     with pytest.raises(AssertionError, match="no candidate"):
         adoption.best_candidate(bench, ["b", "c"], ["8x2048", "varlen"])
 
