@@ -30,9 +30,11 @@ def test_gpu_conformance_and_bit_equality(case):
                                            ("fast", dict(out_chunks=2, out_warps=8)), ("fast", dict(fused_output=True)),
                                            ("fast", dict(fused_output=True, BV=64, walk_t=True)),
                                            ("fast", dict(fused_output=True, BV=64, walk_t=True, walk_k_once=True,
-                                                         num_stages=2))],
+                                                         num_stages=2)),
+                                           ("fast", dict(fused_output=True, BV=64, walk_t=True, walk_k_once=True,
+                                                         num_stages=2, prologue_solve="moves"))],
                          ids=["fast", "auto", "fast-walk_t", "fast-blocks", "fast-fused-output", "fast-batch-layout",
-                              "fast-k-once"])
+                              "fast-k-once", "fast-k-once-moves"])
 @pytest.mark.parametrize("case", CASES + ISOLATION, ids=lambda c: c.name)
 def test_gpu_fast_and_auto_within_budgets(case, backend, opts):
     inp = case.inputs("cuda")
@@ -43,6 +45,25 @@ def test_gpu_fast_and_auto_within_budgets(case, backend, opts):
     assert torch.isfinite(o).all() and torch.isfinite(h).all()
     assert CUTEDSL_OUTPUT.check(o[:, rows], ro[:, rows])[0]
     assert CUTEDSL_STATE.check(h.to(rh.dtype), rh)[0]
+
+
+@pytest.mark.parametrize("warps", [2, 4])
+def test_gpu_moves_stores_the_blocks_t(warps):
+    """The prologue that stores T only (walk_t's) gives the same T bits with the "moves" solve as with "blocks" on
+    the GPU, as in the interpreter (tests/test_prologue.py), at fast's batch fold; speed notes item 61 rests on it.
+    (Where the prologue forms W and U, item 34 found the two differ by a bf16 step on the GPU.)"""
+    from gdnlab.inputs import make_inputs
+    from gdnlab.kernels.prologue import ChunkPlan, run_prologue
+    inp = make_inputs(seqlens=[300, 17, 129, 64], H=2, HV=4, K=128, V=128, regime="correlated", seed=21,
+                      device="cuda")
+    flat = [x.reshape(-1, *x.shape[2:]) for x in (inp.q, inp.k, inp.v)]
+    g, beta = inp.g.reshape(-1, inp.g.shape[-1]).float(), inp.beta.reshape(-1, inp.beta.shape[-1])
+    bounds = list(zip(inp.cu_seqlens[:-1].tolist(), inp.cu_seqlens[1:].tolist()))
+    plan = ChunkPlan.build(bounds, flat[0].device)
+    a = run_prologue(*flat, g, beta, plan, True, num_warps=warps, fold_norm=True, store_t=True)
+    b = run_prologue(*flat, g, beta, plan, True, poison=True, num_warps=warps, fold_norm=True, store_t=True,
+                     solve="moves")
+    assert not b.t.isnan().any() and torch.equal(a.t, b.t)
 
 
 def test_gpu_varlen_call_is_graph_capturable_with_host_cu_seqlens():
