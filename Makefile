@@ -9,7 +9,7 @@ LAB_STAMP := $(VENV)/.lab-installed
 # Jupyter refuses to run as root without --allow-root (containers, CI machines); a user does not need it.
 ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
 
-.PHONY: test reports lab compile-matrix bench-ref clean
+.PHONY: test test-all reports lab compile-matrix bench-ref clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -18,7 +18,11 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m ipykernel install --sys-prefix --name gdnlab --display-name "gdnlab (.venv)" >/dev/null
 	touch $(STAMP)
 
+# The tests marked slow (long interpreter runs of options fast no longer takes) run only in test-all.
 test: $(STAMP)
+	$(BIN)/python -m pytest -q -n 2 --dist loadgroup --durations=12 -m "not slow"
+
+test-all: $(STAMP)
 	$(BIN)/python -m pytest -q -n 2 --dist loadgroup --durations=12
 
 reports: $(STAMP)
