@@ -102,10 +102,9 @@ def best_candidate(bench: pd.DataFrame, candidates: Sequence[str], shapes: Seque
     if passed.empty:
         raise _fail("best_candidate: no candidate passes the rule", table.to_dict("index"))
     best = passed.geomean.idxmin()
-    return Finding(f"{best} passes the rule ({f'bit-equal to {baseline}, ' if bit_equal else ''}at most the "
-                   f"bounds' times {baseline}'s time at "
-                   f"{', '.join(shapes)}) with the lowest geometric mean of the candidates that do, "
-                   f"{passed.geomean.min():.3f}x; {len(table) - len(passed)} of {len(table)} miss.",
+    return Finding(f"{best} has the lowest geometric-mean time, {passed.geomean.min():.3f}x {baseline}'s, of the "
+                   f"candidates {f'bit-equal to {baseline} and ' if bit_equal else ''}within the speed bounds at "
+                   f"{', '.join(shapes)}; {len(table) - len(passed)} of {len(table)} miss.",
                    {"best": best, **table.geomean.round(4).to_dict()}), table
 
 
