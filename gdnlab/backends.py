@@ -201,12 +201,15 @@ def _settle_output(opts: dict[str, Any], given: dict[str, Any], defaults: dict[s
         raise ValueError(f"fused_output: the state kernel writes the output; {named} do not apply")
     else:
         opts = {n: v for n, v in opts.items() if n not in OUTPUT_KERNEL_OPTIONS}
-    def walk(o: dict[str, Any]) -> tuple[bool, bool]:
-        return bool(o.get("fused_output")), bool(o.get("fused_output") and o.get("walk_k_once"))
-
-    if "num_stages" not in given and walk(opts) != walk(sized):
+    if "num_stages" not in given and _walk_of(opts) != _walk_of(sized):
         opts = {n: v for n, v in opts.items() if n != "num_stages"}
     return opts
+
+
+def _walk_of(opts: dict[str, Any]) -> tuple[bool, bool]:
+    """Which state-kernel walk these options run, as far as its pipeline depth goes: fused or not, and fused
+    loading K once or not."""
+    return bool(opts.get("fused_output")), bool(opts.get("fused_output") and opts.get("walk_k_once"))
 
 
 def _grids(chunks: int, seqs: int, HV: int, V: int, opts: dict[str, Any]) -> tuple[int, int]:
