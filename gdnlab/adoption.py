@@ -82,9 +82,9 @@ def best_candidate(bench: pd.DataFrame, candidates: Sequence[str], shapes: Seque
                    baseline: str = "fast", bit_equal: bool = True, **rule: Any) -> tuple[Finding, pd.DataFrame]:
     """A rule among several candidates: the one with the lowest geometric-mean time over `baseline`'s at the class
     `shapes` among those that pass speed_rule (with `rule`'s bounds) and, if the rule asks it (`bit_equal`), are
-    bit-equal to `baseline` at every shape of the class (bench.csv's bit_equal_fast). Returns the finding (numbers: "best", the winner, and each
-    candidate's geometric mean) and the table of every candidate's ratios and
-    verdict (a miss stays in it as a miss); raises when none passes."""
+    bit-equal to `baseline` at every shape of the class (bench.csv's bit_equal_fast). Returns the finding (numbers:
+    "best", the winner, and each candidate's geometric mean) and the table of every candidate's ratios and verdict
+    (a miss stays in it as a miss); raises when none passes."""
     rows = []
     for c in candidates:
         r = _ratio(bench, c, baseline, rule.get("timing", "graph_ms")).reindex(list(shapes))
