@@ -65,10 +65,24 @@ def _cases(marks_for=None):
             for c in CASES]
 
 
-@pytest.mark.parametrize("backend", ["two_kernel", "fused_fixed"])
+#: The cases whose fused_fixed run costs the CPU suite most (var_16short alone about 30 s): there fused_fixed runs
+#: only in `make test-all` (marked slow). It is bit-equal to two_kernel at every other case, and that
+#: bit-equality, not a second budget check, is what the fix claims.
+FIXED_SLOW = {"var_16short", "t513", "b3_t65_bf16", "var_pad_bf16_noh0", "t320", "b2_t100"}
+
+
+def _fixed_marks(case):
+    return [pytest.mark.slow] if case.name in FIXED_SLOW else []
+
+
 @pytest.mark.parametrize("case", _cases())
-def test_conformance(case, backend):
-    check_budgets(case, *run(case.name, backend))
+def test_conformance(case):
+    check_budgets(case, *run(case.name, "two_kernel"))
+
+
+@pytest.mark.parametrize("case", _cases(_fixed_marks))
+def test_fixed_conformance(case):
+    check_budgets(case, *run(case.name, "fused_fixed"))
 
 
 #: Cases the defect reaches but too lightly to cross a budget: in t65_bf16_noh0 only the 65th token sees carried
@@ -113,14 +127,18 @@ def test_shipped_differs_exactly_where_state_is_carried(case):
     assert same == spared(case)
 
 
-@pytest.mark.parametrize("case", _cases())
-def test_fixed_is_bit_equal_to_two_kernel_and_shipped_state_too(case):
+@pytest.mark.parametrize("case", _cases(_fixed_marks))
+def test_fixed_is_bit_equal_to_two_kernel(case):
     o2, h2 = run(case.name, "two_kernel")
     of, hf = run(case.name, "fused_fixed")
-    _, hs = run(case.name, "fused_shipped")
     assert torch.equal(of, o2)
     assert torch.equal(hf, h2)
-    assert torch.equal(hs, h2)
+
+
+@pytest.mark.parametrize("case", _cases())
+def test_shipped_final_state_is_bit_equal_to_two_kernel(case):
+    """The report's other half: the shipped kernel's final state is exact, only its output is off."""
+    assert torch.equal(run(case.name, "fused_shipped")[1], run(case.name, "two_kernel")[1])
 
 
 @pytest.mark.xdist_group("isolation")
