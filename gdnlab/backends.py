@@ -161,7 +161,11 @@ def fast_by_size(programs: int, walkers: int, sms: int) -> dict[str, Any]:
     the walk forming V_new from it (walk_t: a further 0.954-0.968x there, item 56); for one sequence the fusion
     costs 1.27-1.35x and walk_t 1.06-1.12x from 2048 tokens. That fused walk keeps the K tiles it loads for K S for
     the state update (walk_k_once) and is pipelined 2 stages deep, which halves its shared memory so two programs
-    share a multiprocessor (0.844-0.943x on the H100's batch shapes, item 59; 3 stages with K once: 1.08-1.13x)."""
+    share a multiprocessor (0.844-0.943x on the H100's batch shapes, item 59; 3 stages with K once: 1.08-1.13x).
+    Its prologue, storing T only, solves the diagonal blocks with register moves where it runs more than two
+    programs per multiprocessor ("moves": 0.846-0.877x on the H100's batch shapes, bit-equal, item 61; fewer keep
+    "doubling", unmeasured against moves); where a prologue forms W and U, "moves" rounds differently and at 1024
+    chunks its error was 1.109x fast's (item 60), so a caller who turns walk_t off gets the default solve back."""
     small = programs <= 2 * sms
     opts: dict[str, Any] = dict(prologue_warps=4 if small else 2, norm_q_in_output=programs <= 4 * sms)
     if small:
@@ -172,6 +176,8 @@ def fast_by_size(programs: int, walkers: int, sms: int) -> dict[str, Any]:
             opts.update(out_programs=4, out_tma=True, out_stages=LOOP_OUT_STAGES)
     else:
         opts.update(fused_output=True, BV=64, walk_t=True, walk_k_once=True, num_stages=2)
+        if not small:
+            opts["prologue_solve"] = "moves"
     return opts
 
 
@@ -184,7 +190,8 @@ def _settle_output(opts: dict[str, Any], given: dict[str, Any], defaults: dict[s
     kernel's options are dropped. A size rule's walk_t gives way to prologue options the caller names that need W
     and U (forms_w_and_u), and its walk_k_once with it. The size rule's (`sized`) walk depth is kept only for the
     walk it was chosen for (the two-kernel walk's 4 would overflow the fused walk's shared memory; the 2 of the
-    fused walk loading K once would cost the others their prefetch)."""
+    fused walk loading K once would cost the others their prefetch), and its solve only for a prologue that stores
+    T only (walk_t; the size rule's "moves" was measured there)."""
     if opts.get("walk_t") and "walk_t" not in given and forms_w_and_u(
             split_wu=bool(opts.get("split_wu")), tma=bool(opts.get("prologue_tma")),
             solve=opts.get("prologue_solve", SOLVE)):
@@ -203,6 +210,8 @@ def _settle_output(opts: dict[str, Any], given: dict[str, Any], defaults: dict[s
         opts = {n: v for n, v in opts.items() if n not in OUTPUT_KERNEL_OPTIONS}
     if "num_stages" not in given and _walk_of(opts) != _walk_of(sized):
         opts = {n: v for n, v in opts.items() if n != "num_stages"}
+    if "prologue_solve" not in given and sized.get("walk_t") and not opts.get("walk_t"):
+        opts = {**opts, "prologue_solve": defaults.get("prologue_solve", SOLVE)}
     return opts
 
 

@@ -87,14 +87,15 @@ def test_fast_size_rule(programs, warps, nq, walkers, deep):
     output kernel looping (2 stages) above 32 where the walk is pipelined, q normalised in the output
     kernel up to four, the walk pipelined 4 deep up to one state-kernel program per multiprocessor (132 here), and
     past that the output written by the state kernel at V tile 64, from T stored by the prologue (walk_t), loading
-    K once at 2 stages."""
+    K once at 2 stages and, above two prologue programs per multiprocessor, the "moves" solve."""
     from gdnlab.backends import fast_by_size
     want = dict(prologue_warps=warps, norm_q_in_output=nq, **(dict(prologue_solve="doubling") if warps == 4 else {}),
                 **(dict(num_stages=4, out_stages=3) if deep else {}))
     if deep and programs > 32 * 132:
         want.update(out_programs=4, out_tma=True, out_stages=2)
     if not deep:
-        want.update(fused_output=True, BV=64, walk_t=True, walk_k_once=True, num_stages=2)
+        want.update(fused_output=True, BV=64, walk_t=True, walk_k_once=True, num_stages=2,
+                    **(dict(prologue_solve="moves") if warps == 2 else {}))
     assert fast_by_size(programs, walkers, 132) == want
 
 
@@ -141,12 +142,13 @@ def test_fast_options_are_what_a_fast_call_runs_with(monkeypatch):
     """fast_options (for tools that did not run the call) gives the options the backend passes its pipeline: the
     output written by the state kernel for a batch whose state kernel has more programs than multiprocessors, not
     for one sequence, and the caller's options over both (an output-kernel option named turns the fusion off).
-    On 8 multiprocessors, so that small calls fall on both sides of the size rule."""
+    On 4 multiprocessors, so that small calls fall on both sides of the size rule."""
     import gdnlab.backends as backends
     import gdnlab.kernels.pipeline as kernels
     from gdnlab import plans
     from gdnlab.backends import fast_options
-    sms = 8
+    from gdnlab.kernels.prologue import SOLVE
+    sms = 4
     monkeypatch.setattr(backends, "multiprocessors", lambda device: sms)
     # no plan recorded under another multiprocessor count is replayed here, and none recorded here is kept
     monkeypatch.setattr(plans, "_PLANS", type(plans._PLANS)())
@@ -165,11 +167,14 @@ def test_fast_options_are_what_a_fast_call_runs_with(monkeypatch):
             n: want.get(n) for n in ("fused_output", "out_chunks", "out_warps")}
         assert seen[-1]["BV"] == want["BV"]
         assert bool(prologues[-1]["store_t"]) == bool(want.get("walk_t"))
+        assert prologues[-1]["solve"] == want.get("prologue_solve", SOLVE)
         assert (seen[-1].get("walk_k_once", False), seen[-1].get("num_stages")) == (
             want.get("walk_k_once", False), want.get("num_stages"))
     assert [(kw.get("fused_output", False), kw["BV"]) for kw in seen] == [(True, 64), (False, 32), (False, 32),
                                                                           (False, 32), (True, 64)]
     assert [p["store_t"] for p in prologues] == [True, False, False, False, False]
+    # moves only where the prologue stores T only (the caller's prologue_tma gives the batch back its W and U)
+    assert [p["solve"] for p in prologues] == ["moves", SOLVE, SOLVE, SOLVE, SOLVE]
     # the batch's walk loads K once at 2 stages; without its fused walk or walk_t, neither (the walk's own depth)
     assert [(kw.get("walk_k_once", False), kw.get("num_stages")) for kw in seen] == [
         (True, 2), (False, 4), (False, None), (False, None), (False, None)]
