@@ -60,6 +60,9 @@ BATCH_LAYOUT: dict[str, Any] = {**FUSED_OUTPUT, "walk_t": True}
 #: The batch layout with the state update reusing the K tiles of K S (option walk_k_once, item 59): fast's for
 #: batches since then, launched at 2 stages (one of the compile matrix's stage counts).
 K_ONCE: dict[str, Any] = {**BATCH_LAYOUT, "walk_k_once": True}
+#: fast's prologue for batches (item 61): T only, its diagonal blocks solved by register moves (the same products
+#: as the default solve's).
+T_MOVES: dict[str, Any] = {**WALK_T, "prologue_solve": "moves"}
 
 #: The state kernel's V tiles (option BV) and the output kernel's (option out_BV: fast launches it at 128).
 _STATE = dict(bvs=STATE_BVS)
@@ -78,6 +81,7 @@ TWO_KERNEL_BUILDS: dict[str, TwoKernelBuild] = {
     "fwd_h_fold": TwoKernelBuild("fwd_h_kernel", FOLD_NORM, **_STATE),
     "fwd_o_fold": TwoKernelBuild("fwd_o_kernel", FOLD_NORM, **_OUTPUT),
     "prologue_walk_t": TwoKernelBuild("prologue_kernel", WALK_T),
+    "prologue_t_moves": TwoKernelBuild("prologue_kernel", T_MOVES),
     "fwd_h_walk_t": TwoKernelBuild("fwd_h_kernel", WALK_T, **_STATE),
     "fwd_h_fused_output": TwoKernelBuild("fwd_h_kernel", FUSED_OUTPUT, **_STATE),
     "fwd_h_batch_layout": TwoKernelBuild("fwd_h_kernel", BATCH_LAYOUT, **_STATE),

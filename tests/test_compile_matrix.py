@@ -135,11 +135,12 @@ def test_frontend_minima_per_release():
 
 def test_job_list():
     full = jobs()
-    # 3 targets; 5 BV-free kernels (l2norm, prologue, log_norm, prologue_fold, prologue_walk_t) x 6 warps/stages,
+    # 3 targets; 6 BV-free kernels (l2norm, prologue, log_norm, prologue_fold, prologue_walk_t, prologue_t_moves)
+    # x 6 warps/stages,
     # 10 kernels at the state BVs (fwd_h, fwd_h_fold, fwd_h_walk_t, fwd_h_fused_output, fwd_h_batch_layout,
     # fwd_h_k_once, 4 fused variants) x 4 BV x 6, the output kernels (fwd_o, fwd_o_fold) x 5 BV x 6
-    assert len(full) == 3 * (5 * 6 + 10 * 4 * 6 + 2 * 5 * 6) == 990
-    free = ("l2norm", "prologue", "log_norm", "prologue_fold", "prologue_walk_t")
+    assert len(full) == 3 * (6 * 6 + 10 * 4 * 6 + 2 * 5 * 6) == 1008
+    free = ("l2norm", "prologue", "log_norm", "prologue_fold", "prologue_walk_t", "prologue_t_moves")
     assert {j["BV"] for j in full if j["kernel"] in free} == {None}
     assert {j["BV"] for j in full if j["kernel"] in ("fwd_o", "fwd_o_fold")} == {8, 16, 32, 64, 128}
     assert {j["BV"] for j in full if j["kernel"] in ("fwd_h", "fwd_h_fold", "fwd_h_walk_t", "fwd_h_fused_output",
