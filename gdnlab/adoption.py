@@ -31,6 +31,20 @@ def shapes_where(shapes: Mapping[str, Sequence[int]], *, HV: int, V: int, sms: i
             if all(fast_options(lengths, HV=HV, V=V, sms=sms).get(k) == v for k, v in taken.items())]
 
 
+def fast_takes(options: Mapping[str, Any], cls: Sequence[str], shapes: Mapping[str, Sequence[int]], *, HV: int,
+               V: int, sms: int) -> Finding:
+    """The last step of an adoption: fast as the code is now (gdnlab.backends.fast_options) takes every one of
+    `options` at each shape of the class `cls` (labels of `shapes`, label -> sequence lengths) the rule was decided
+    for; raises where it does not, so a notebook stating the adoption fails when the code stops following it."""
+    taken = shapes_where(shapes, HV=HV, V=V, sms=sms, **options)
+    missing = [s for s in cls if s not in taken]
+    if not cls or missing:
+        raise _fail(f"fast_takes: fast does not take {dict(options)} at {', '.join(missing) or 'an empty class'}",
+                    taken)
+    return Finding(f"fast takes {', '.join(f'{k}={v!r}' for k, v in options.items())} at {', '.join(cls)}.",
+                   {"class": list(cls), "taken at": taken})
+
+
 def speed_rule(bench: pd.DataFrame, candidate: str, shapes: Sequence[str], *, baseline: str = "fast",
                worst: float = 1.01, best: float = 0.97, timing: str = "graph_ms") -> Finding:
     """The speed half of an adoption rule: at every shape of the class (labels as gdnlab.speed.load_bench gives

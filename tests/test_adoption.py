@@ -22,6 +22,15 @@ def test_the_class_is_where_fast_takes_the_option():
     assert adoption.shapes_where(SHAPES, HV=32, V=128, sms=132, fused_output=True) == ["8x2048", "varlen"]
 
 
+def test_fast_takes_checks_the_code_follows_the_rule():
+    f = adoption.fast_takes({"fused_output": True}, ["8x2048", "varlen"], SHAPES, HV=32, V=128, sms=132)
+    assert f.numbers["taken at"] == ["8x2048", "varlen"]
+    for options, cls in (({"fused_output": True}, ["1x512", "8x2048"]), ({"fused_output": False}, ["8x2048"]),
+                         ({"fused_output": True}, [])):
+        with pytest.raises(AssertionError, match="fast_takes"):
+            adoption.fast_takes(options, cls, SHAPES, HV=32, V=128, sms=132)
+
+
 def test_speed_rule_passes_and_fails_as_written():
     f = adoption.speed_rule(_bench([1.2, 0.96, 1.01]), "cand", ["8x2048", "varlen"])
     assert f.numbers == {"8x2048": 0.96, "varlen": 1.01}
