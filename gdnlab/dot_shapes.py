@@ -63,6 +63,9 @@ K_ONCE: dict[str, Any] = {**BATCH_LAYOUT, "walk_k_once": True}
 #: fast's prologue for batches (item 61): T only, its diagonal blocks solved by register moves (the same products
 #: as the default solve's).
 T_MOVES: dict[str, Any] = {**WALK_T, "prologue_solve": "moves"}
+#: fast's prologue where it runs at most two programs a multiprocessor (item 35): W and U, its diagonal blocks
+#: inverted by products ("doubling": six batched 16x16 fp32 products more than the default solve).
+DOUBLING: dict[str, Any] = {**FOLD_NORM, "prologue_solve": "doubling"}
 
 #: The state kernel's V tiles (option BV) and the output kernel's (option out_BV: fast launches it at 128).
 _STATE = dict(bvs=STATE_BVS)
@@ -82,6 +85,7 @@ TWO_KERNEL_BUILDS: dict[str, TwoKernelBuild] = {
     "fwd_o_fold": TwoKernelBuild("fwd_o_kernel", FOLD_NORM, **_OUTPUT),
     "prologue_walk_t": TwoKernelBuild("prologue_kernel", WALK_T),
     "prologue_t_moves": TwoKernelBuild("prologue_kernel", T_MOVES),
+    "prologue_doubling": TwoKernelBuild("prologue_kernel", DOUBLING),
     "fwd_h_walk_t": TwoKernelBuild("fwd_h_kernel", WALK_T, **_STATE),
     "fwd_h_fused_output": TwoKernelBuild("fwd_h_kernel", FUSED_OUTPUT, **_STATE),
     "fwd_h_batch_layout": TwoKernelBuild("fwd_h_kernel", BATCH_LAYOUT, **_STATE),
@@ -179,7 +183,8 @@ def kernel_dots(kernel: str, BV: int | None = None, K: int = 128, BT: int = _BT)
 
     Read off gdnlab/kernels: every K-tile loop repeats the same shapes, so each site is listed once. The sites are
     those of the build's jit function (TWO_KERNEL_BUILDS): FOLD changes gates, not dots; walk_t drops the
-    prologue's W and U products and adds T's product to the state kernel; fused_output adds the output's three.
+    prologue's W and U products and adds T's product to the state kernel; fused_output adds the output's three;
+    the "doubling" solve adds its batched products of the diagonal blocks.
     BV must be one of the V tiles the kernel takes (KERNEL_BVS: the output kernel's run to 128, N = BV there too).
     """
     if kernel not in KERNELS:
@@ -193,12 +198,15 @@ def kernel_dots(kernel: str, BV: int | None = None, K: int = 128, BT: int = _BT)
     fn = jit_fn(kernel)
     walk_t = kernel in TWO_KERNEL_BUILDS and TWO_KERNEL_BUILDS[kernel].options.get("walk_t", False)
     fused_output = kernel in TWO_KERNEL_BUILDS and TWO_KERNEL_BUILDS[kernel].options.get("fused_output", False)
+    doubling = kernel in TWO_KERNEL_BUILDS and TWO_KERNEL_BUILDS[kernel].options.get("prologue_solve") == "doubling"
     if fn in ("l2norm_kernel", "log_norm_kernel"):
         return []
     if fn == "prologue_kernel":
         # Whole-chunk dots (K and V whole, padded to a power of two; V = K here) and the solve's 16x16 products.
         solve = [Dot("beta.K.K^T", BT, BT, K),
                  Dot("block substitution T_ij (ieee)", SOLVE_BLOCK, SOLVE_BLOCK, SOLVE_BLOCK, "fp32")]
+        if doubling:
+            solve.append(Dot("diagonal blocks by doubling, batched (ieee)", SOLVE_BLOCK, SOLVE_BLOCK, SOLVE_BLOCK, "fp32"))
         return solve if walk_t else solve + [Dot("W = T.(beta exp(G) K)", BT, K, BT), Dot("U = T.(beta V)", BT, K, BT)]
     if fn == "fwd_h_kernel":
         walk = [

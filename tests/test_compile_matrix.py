@@ -75,6 +75,13 @@ def test_walk_t_builds_trade_the_prologue_products_for_one_in_the_walk():
                     "K^T.V_new (state update)": (64, 32, 64)}
 
 
+def test_solve_builds_differ_from_the_default_only_where_their_solve_adds_products():
+    # "moves" takes the blocks out by register moves (no product more); "doubling" inverts them by products.
+    assert ds.kernel_dots("prologue_t_moves") == ds.kernel_dots("prologue_walk_t")
+    extra = [d for d in ds.kernel_dots("prologue_doubling") if d not in ds.kernel_dots("prologue_fold")]
+    assert [(d.M, d.N, d.K, d.operands) for d in extra] == [(16, 16, 16, "fp32")]
+
+
 def test_output_kernel_takes_bv_128_the_others_stop_at_64():
     # fast launches the output kernel at out_BV = 128; the state kernel and the fused variants take STATE_BVS.
     from gdnlab.kernel_params import OUT_BVS, STATE_BVS
@@ -135,12 +142,13 @@ def test_frontend_minima_per_release():
 
 def test_job_list():
     full = jobs()
-    # 3 targets; 6 BV-free kernels (l2norm, prologue, log_norm, prologue_fold, prologue_walk_t, prologue_t_moves)
-    # x 6 warps/stages,
+    # 3 targets; 7 BV-free kernels (l2norm, prologue, log_norm, prologue_fold, prologue_walk_t, prologue_t_moves,
+    # prologue_doubling) x 6 warps/stages,
     # 10 kernels at the state BVs (fwd_h, fwd_h_fold, fwd_h_walk_t, fwd_h_fused_output, fwd_h_batch_layout,
     # fwd_h_k_once, 4 fused variants) x 4 BV x 6, the output kernels (fwd_o, fwd_o_fold) x 5 BV x 6
-    assert len(full) == 3 * (6 * 6 + 10 * 4 * 6 + 2 * 5 * 6) == 1008
-    free = ("l2norm", "prologue", "log_norm", "prologue_fold", "prologue_walk_t", "prologue_t_moves")
+    assert len(full) == 3 * (7 * 6 + 10 * 4 * 6 + 2 * 5 * 6) == 1026
+    free = ("l2norm", "prologue", "log_norm", "prologue_fold", "prologue_walk_t", "prologue_t_moves",
+            "prologue_doubling")
     assert {j["BV"] for j in full if j["kernel"] in free} == {None}
     assert {j["BV"] for j in full if j["kernel"] in ("fwd_o", "fwd_o_fold")} == {8, 16, 32, 64, 128}
     assert {j["BV"] for j in full if j["kernel"] in ("fwd_h", "fwd_h_fold", "fwd_h_walk_t", "fwd_h_fused_output",
