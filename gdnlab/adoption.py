@@ -66,6 +66,30 @@ def speed_rule(bench: pd.DataFrame, candidate: str, shapes: Sequence[str], *, ba
                    r.round(4).to_dict())
 
 
+def shortest_from(bench: pd.DataFrame, candidate: str, lengths: Mapping[str, int], *, longest: int,
+                  best: float = 0.97, baseline: str = "fast", timing: str = "graph_ms") -> Finding:
+    """A length rule's speed half: the smallest L of `lengths` (shape label -> tokens, one sequence each), at most
+    `longest`, such that at every one of those shapes of at least L tokens `candidate` takes at most `best` times
+    `baseline`'s time, its replays equal to its output. Numbers: "from" (L) and each shape's ratio; raises when no
+    such L exists (a miss)."""
+    r = _ratio(bench, candidate, baseline, timing)
+    missing = sorted(set(lengths) - set(r.index))
+    if missing:
+        raise _fail(f"shortest_from: no {candidate} / {baseline} time at {', '.join(missing)}", sorted(r.index))
+    rows = bench[(bench.backend == candidate) & bench["shape"].isin(list(lengths))]
+    if "replays_equal" not in rows or not _true(rows.replays_equal).all():
+        raise _fail(f"shortest_from: {candidate}'s replays do not all equal its output", rows.get("replays_equal"))
+    ratios = {s: round(float(r[s]), 4) for s in sorted(lengths, key=lengths.get)}
+    for s in ratios:
+        tail = [t for t in ratios if lengths[t] >= lengths[s]]
+        if lengths[s] <= longest and all(r[t] <= best for t in tail):
+            return Finding(f"{candidate} takes at most {best}x {baseline}'s {timing} at every bench length from "
+                           f"{lengths[s]} tokens ({', '.join(tail)}: {min(r[t] for t in tail):.3f}-"
+                           f"{max(r[t] for t in tail):.3f}x).", {"from": lengths[s], **ratios})
+    raise _fail(f"shortest_from: {candidate} is above {best}x {baseline}'s {timing} at some length of every tail "
+                f"starting at or below {longest} tokens", ratios)
+
+
 def accuracy_rule(conformance: pd.DataFrame, sweep: pd.DataFrame, candidate: str, *, baseline: str = "fast",
                   factor: float = 1.10, chunks: int = 1024) -> Finding:
     """The accuracy half of an adoption rule: `candidate` passes every conformance case `baseline` was run on

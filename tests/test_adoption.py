@@ -41,6 +41,23 @@ def test_speed_rule_passes_and_fails_as_written():
         adoption.speed_rule(_bench([1.0, 0.9, 0.9]), "cand", ["4x8192"])
 
 
+def test_shortest_from_finds_where_the_tail_is_fast_enough():
+    rows = []
+    for T, r in ((512, 1.05), (2048, 0.98), (8192, 0.95), (32768, 0.90)):
+        rows += [dict(backend="fast", B=1, T=T, tokens=T, graph_ms=1.0, replays_equal=True),
+                 dict(backend="cand", B=1, T=T, tokens=T, graph_ms=r, replays_equal=True)]
+    bench = load_bench_frame(pd.DataFrame(rows))
+    lengths = {"1x512": 512, "1x2048": 2048, "1x8192": 8192, "1x32768": 32768}
+    f = adoption.shortest_from(bench, "cand", lengths, longest=8192)
+    assert f.numbers["from"] == 8192 and f.numbers["1x512"] == 1.05
+    assert adoption.shortest_from(bench, "cand", lengths, longest=8192, best=0.99).numbers["from"] == 2048
+    with pytest.raises(AssertionError, match="shortest_from"):
+        adoption.shortest_from(bench, "cand", lengths, longest=2048)
+    bench.loc[(bench.backend == "cand") & (bench.tokens == 32768), "graph_ms"] = 0.98  # the longest misses
+    with pytest.raises(AssertionError, match="shortest_from"):
+        adoption.shortest_from(bench, "cand", lengths, longest=32768)
+
+
 def _accuracy(errors, failing=()):
     conf = pd.DataFrame([dict(case=c, backend=b, **{k: not (b == "cand" and c in failing)
                                                     for k in adoption.CONFORMANCE_CHECKS})
