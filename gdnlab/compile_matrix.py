@@ -329,15 +329,17 @@ def matrix_instructions(asm: dict[str, Any]) -> str:
     return ";".join(sorted(found)) if found else "none"
 
 
+#: A dot's operands and result in the TTGIR; a batched dot (3-d operands) has a leading batch dim, skipped here.
+_MEMDESC = r"(?:tensor|!ttg\.memdesc|!tt\.memdesc|!triton_gpu\.memdesc)"
 _DOT = re.compile(r"(?:tt\.dot|ttng\.warp_group_dot|triton_nvidia_gpu\.warp_group_dot)\s+[^\n]*?:\s*"
-                  r"(?:tensor|!ttg\.memdesc|!tt\.memdesc|!triton_gpu\.memdesc)<(\d+)x(\d+)x(\w+)[^\n]*?\*\s*"
-                  r"(?:tensor|!ttg\.memdesc|!tt\.memdesc|!triton_gpu\.memdesc)<(\d+)x(\d+)x\w+[^\n]*?->\s*"
-                  r"tensor<\d+x\d+x\w+,\s*#(\w+)>")
+                  + _MEMDESC + r"<(?:\d+x)?(\d+)x(\d+)x([a-z]\w*)[^\n]*?\*\s*"
+                  + _MEMDESC + r"<(?:\d+x)?(\d+)x(\d+)x[a-z]\w*[^\n]*?->\s*"
+                  r"tensor<(?:\d+x)?\d+x\d+x[a-z]\w*,\s*#(\w+)>")
 
 
 def dot_lowering(ttgir: str) -> tuple[str, int]:
-    """From the TTGIR: each distinct dot 'MxNxK dtype:kind' (kind = wgmma, mma, mfma, wmma or fma) and how many
-    of the distinct dots were left to FMA."""
+    """From the TTGIR: each distinct dot 'MxNxK dtype:kind' (kind = wgmma, mma, mfma, wmma or fma; a batched dot
+    by the shape of each of its products) and how many of the distinct dots were left to FMA."""
     layouts: dict[str, str] = {}
     for name, body in re.findall(r"^#(\w+)\s*=\s*#([\w.]+)<", ttgir, re.M):
         b = body.split(".")[-1]

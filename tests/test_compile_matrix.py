@@ -183,9 +183,12 @@ def test_dot_lowering_parser():
         "tensor<64x64xbf16, #ttg.dot_op<{opIdx = 1, parent = #mma1}>> -> tensor<8x64xf32, #mma1>",
         "%3 = tt.dot %a, %b, %c, inputPrecision = ieee : tensor<64x64xf32, #ttg.dot_op<{opIdx = 0, parent = "
         "#blocked}>> * tensor<64x64xf32, #ttg.dot_op<{opIdx = 1, parent = #blocked}>> -> tensor<64x64xf32, #blocked>",
+        # a batched dot (four 16x16 products) is listed by the shape of each product
+        "%4 = tt.dot %a, %b, %c, inputPrecision = ieee : tensor<4x16x8xf32, #ttg.dot_op<{opIdx = 0, parent = "
+        "#blocked}>> * tensor<4x8x32xf32, #ttg.dot_op<{opIdx = 1, parent = #blocked}>> -> tensor<4x16x32xf32, #blocked>",
     ])
     dots, fma = dot_lowering(ttgir)
-    assert dots == "64x64x64 f32:fma;64x8x64 bf16:wgmma;8x64x64 bf16:mma" and fma == 1
+    assert dots == "16x32x8 f32:fma;64x64x64 f32:fma;64x8x64 bf16:wgmma;8x64x64 bf16:mma" and fma == 2
 
 
 # ---- agreement with what the compiler did ----------------------------------------------------------------------
