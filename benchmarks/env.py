@@ -40,7 +40,7 @@ def implementation(label: str) -> str:
 
 def env_info() -> dict[str, Any]:
     """The device (name, driver, clocks, memory, multiprocessors), the torch, Triton, CUDA versions, each peer's
-    version or why it cannot run, the commit (GDNLAB_COMMIT, set by whoever sends the tree), the date, how eager
+    version or why it cannot run and the versions of the compilers they bring (TileLang, CuTe DSL), the commit (GDNLAB_COMMIT, set by whoever sends the tree), the date, how eager
     calls are timed, and the registered backends."""
     from gdnlab import peers
     smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,clocks.max.sm,memory.total",
@@ -48,7 +48,8 @@ def env_info() -> dict[str, Any]:
     p = torch.cuda.get_device_properties(0)
     return dict(device=torch.cuda.get_device_name(0), driver=(smi.split(",") + ["?", "?"])[1].strip(),
                 nvidia_smi=smi, sms=p.multi_processor_count, torch=torch.__version__, triton=triton.__version__,
-                cuda=torch.version.cuda, peers=peers.peer_status(), commit=os.environ.get("GDNLAB_COMMIT", "?"),
+                cuda=torch.version.cuda, peers=peers.peer_status(),
+                peer_dependencies=peers.dependency_versions(), commit=os.environ.get("GDNLAB_COMMIT", "?"),
                 python=sys.version.split()[0],
                 date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                 eager_method=EAGER_METHOD, backends=list(gdnlab.BACKENDS))

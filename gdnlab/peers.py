@@ -236,6 +236,23 @@ def implementation(name: str) -> str:
     return f"{label} ({'candidates ' + ','.join(active) if active else 'triton'})"
 
 
+#: Distributions the peers compile their kernels with at run time; a peer's speed can change with these while its
+#: own version stays, so device runs record them beside the peers'.
+PEER_DEPENDENCIES = ("tilelang", "apache-tvm-ffi", "nvidia-cutlass-dsl", "cuda-python")
+
+
+def dependency_versions() -> dict[str, str]:
+    """The installed version of each of PEER_DEPENDENCIES, or "not installed"."""
+    from importlib.metadata import PackageNotFoundError, version
+    out = {}
+    for d in PEER_DEPENDENCIES:
+        try:
+            out[d] = version(d)
+        except PackageNotFoundError:
+            out[d] = "not installed"
+    return out
+
+
 def peer_status() -> dict[str, str]:
     """For every peer: "available: <implementation>" or "unavailable: <reason>"."""
     reasons = {n: UNAVAILABLE.get(n) or p.why_not() for n, p in PEERS.items()}

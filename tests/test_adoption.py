@@ -53,6 +53,8 @@ def test_shortest_from_finds_where_the_tail_is_fast_enough():
     assert adoption.shortest_from(bench, "cand", lengths, longest=8192, best=0.99).numbers["from"] == 2048
     with pytest.raises(AssertionError, match="shortest_from"):
         adoption.shortest_from(bench, "cand", lengths, longest=2048)
+    with pytest.raises(AssertionError, match="replays"):
+        adoption.shortest_from(bench.assign(replays_equal=False), "cand", lengths, longest=8192)
     bench.loc[(bench.backend == "cand") & (bench.tokens == 32768), "graph_ms"] = 0.98  # the longest misses
     with pytest.raises(AssertionError, match="shortest_from"):
         adoption.shortest_from(bench, "cand", lengths, longest=32768)

@@ -24,6 +24,9 @@ def test_peers_without_a_gpu_are_listed_unavailable_with_the_reason():
     with pytest.raises(ValueError, match="'flashinfer' is not available here: needs a CUDA GPU"):
         gdnlab.chunk_gated_delta_rule(*[torch.zeros(1)] * 5, backend="flashinfer")
     assert all(s.startswith("unavailable: ") for s in peers.peer_status().values())
+    deps = peers.dependency_versions()
+    assert list(deps) == list(peers.PEER_DEPENDENCIES)
+    assert all(v == "not installed" or v[0].isdigit() for v in deps.values()), deps
 
 
 def _fake_flashinfer(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None,
