@@ -28,12 +28,19 @@ def parser() -> argparse.ArgumentParser:
                     help="register this study's candidates first, so that conformance and bench include them")
     ap.add_argument("--fla-tokens", default="2048,32768", help="sizes (one sequence) of the fla_tuning part")
     ap.add_argument("--probe", default="", help="probe CSV of benchmarks.probe_configs (breakdown times ok ones)")
+    ap.add_argument("--shapes", default="", help="comma list of bench shapes for bench and in_situ, as labelled "
+                                                 "(1x512, 8x2048, varlen; default: all)")
     ap.add_argument("--reps", type=int, default=1000, help="paired eager samples of the auto_overhead part")
     return ap
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    from benchmarks.inputs import select_shapes
+    try:
+        shapes = select_shapes(args.shapes)
+    except ValueError as e:
+        parser().error(str(e))
     parts = [p for p in args.parts.split(",") if p and p != "env"]  # env.json is always written
     experiments = [get(p) for p in parts]
     import torch
@@ -55,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
                   conformance_backends=args.conformance_backends.split(",") if args.conformance_backends else None,
                   study=args.study, fla_tokens=tuple(int(t) for t in args.fla_tokens.split(",")),
                   probe_ok=read_ok(args.probe) if args.probe and os.path.exists(args.probe) else None,
-                  reps=args.reps)
+                  reps=args.reps, shapes=shapes)
     status = 0
     for exp in experiments:
         t0 = time.time()

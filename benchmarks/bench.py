@@ -11,7 +11,7 @@ import pandas as pd
 import gdnlab
 from benchmarks.context import Context
 from benchmarks.env import implementation, log, stamp
-from benchmarks.inputs import SHAPES, call_kwargs, floor_bytes, input_sets, parse_label, tokens_of
+from benchmarks.inputs import call_kwargs, floor_bytes, input_sets, parse_label, tokens_of
 from benchmarks.timing import EAGER_METHOD, backend_calls, eager_paired, graph_time
 
 OUTPUT = "bench.csv"
@@ -60,11 +60,12 @@ def run(ctx: Context, rounds: int = 3) -> pd.DataFrame:
     """Every backend at every bench shape. Eager: eager_paired, ms its median and ms_iqr the interquartile range
     over the median. Graph: `rounds` interleaved rounds of do_bench, graph_ms their median and graph_spread
     (max - min) / median. Each lab backend's output on the first set is compared bit for bit with fast's
-    (bit_equal_fast) and its replays with its own (replays_equal)."""
+    (bit_equal_fast) and its replays with its own (replays_equal). The shapes are the run's (--shapes); the table
+    so far is written after each one, so a call cut short keeps the shapes it finished."""
     import torch
     backends, bw = ctx.timed(), ctx.bandwidth()
     rows = []
-    for B, T in SHAPES:
+    for B, T in ctx.bench_shapes():
         sets = input_sets(B, T)
         tokens = tokens_of(B, T)
         floor_ms = floor_bytes(sets[0]) / bw * 1e3
@@ -97,6 +98,11 @@ def run(ctx: Context, rounds: int = 3) -> pd.DataFrame:
             log("bench", be, B, T, round(ms, 4), round(gms, 4), "iqr", round(rows[-1]["ms_iqr"], 3))
         del sets, calls
         torch.cuda.empty_cache()
+        ctx.checkpoint(OUTPUT, _frame(rows, bw, ctx))
+    return _frame(rows, bw, ctx)
+
+
+def _frame(rows: list[dict[str, Any]], bw: float, ctx: Context) -> pd.DataFrame:
     df = pd.DataFrame(rows)
     df["copy_bw_GBps"] = bw / 1e9
     return stamp(df, ctx.env)

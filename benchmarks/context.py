@@ -20,11 +20,24 @@ class Context:
     fla_tokens: tuple[int, ...] = (2048, 32768)
     probe_ok: set[tuple[str, int, int]] | None = None
     reps: int = 1000
+    #: The bench shapes (B, T) the shape-by-shape parts run (None: all of benchmarks.inputs.SHAPES).
+    shapes: list[tuple[Any, Any]] | None = None
     _bandwidth: list[float] = field(default_factory=list)
 
     def timed(self) -> list[str]:
         """The backends the timing parts run."""
         return self.backends or [b for b in gdnlab.BACKENDS if b != "reference"]
+
+    def bench_shapes(self) -> list[tuple[Any, Any]]:
+        """The bench shapes this run times."""
+        from benchmarks.inputs import SHAPES
+        return self.shapes if self.shapes is not None else list(SHAPES)
+
+    def checkpoint(self, name: str, df: Any) -> None:
+        """Write a part's rows so far to its output file, so that a run cut short (a device call's time limit)
+        keeps the shapes it finished; the part's full table overwrites it when the part ends."""
+        import os
+        df.to_csv(os.path.join(self.out, name), index=False)
 
     def bandwidth(self) -> float:
         """The device's copy bandwidth (bytes/s), measured on first use."""

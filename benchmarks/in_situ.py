@@ -9,7 +9,7 @@ import pandas as pd
 
 from benchmarks.context import Context
 from benchmarks.env import log, stamp
-from benchmarks.inputs import QWEN, SHAPES, input_sets, lengths_of, parse_label, tokens_of
+from benchmarks.inputs import QWEN, input_sets, lengths_of, parse_label, tokens_of
 from benchmarks.timing import backend_calls, capture
 
 OUTPUT = "in_situ.csv"
@@ -38,7 +38,7 @@ def run(ctx: Context, backends: tuple[str, ...] = ("fast", "fla")) -> pd.DataFra
 
     rows = []
     reps = 20
-    for B, T in SHAPES:
+    for B, T in ctx.bench_shapes():
         sets = input_sets(B, T)
         tokens = tokens_of(B, T)
         for be in backends:

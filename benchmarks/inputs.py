@@ -31,6 +31,18 @@ def parse_label(label: str) -> tuple[str, dict[str, Any]]:
     return name, opts
 
 
+def select_shapes(labels: str) -> list[tuple[Any, Any]]:
+    """The bench shapes (SHAPES, in their order) named by a comma list of labels (gdnlab.speed.shape_label); "" is
+    all of them. An unknown label is refused with the known ones."""
+    from gdnlab.speed import shape_label
+    wanted = [w for w in labels.split(",") if w]
+    known = {shape_label(B, T): (B, T) for B, T in SHAPES}
+    unknown = [w for w in wanted if w not in known]
+    if unknown:
+        raise ValueError(f"shapes: unknown {', '.join(unknown)}; known: {', '.join(known)}")
+    return [bt for label, bt in known.items() if not wanted or label in wanted]
+
+
 def lengths_of(B: Any, T: Any) -> list[int]:
     """The sequence lengths of a bench shape (B sequences of T tokens, or the ragged batch's)."""
     return list(VARLEN) if B == "varlen" else [T] * B

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -73,9 +74,14 @@ def load_bench(path: str | Path | None = None) -> pd.DataFrame:
     return load_bench_frame(pd.read_csv(path or default_bench()))
 
 
+def shape_label(B: Any, T: Any) -> str:
+    """A bench shape's label: "8x2048" for B sequences of T tokens, "varlen" for the ragged batch."""
+    return "varlen" if str(B) == "varlen" else f"{B}x{int(T)}"
+
+
 def _shape_labels(df: pd.DataFrame) -> list[str]:
-    """"1x512", "8x2048", "varlen": each row's shape from its B and T."""
-    return [("varlen" if str(b) == "varlen" else f"{b}x{int(t)}") for b, t in zip(df.B, df["T"])]
+    """Each row's shape_label from its B and T."""
+    return [shape_label(b, t) for b, t in zip(df.B, df["T"])]
 
 
 def load_bench_frame(df: pd.DataFrame) -> pd.DataFrame:

@@ -45,6 +45,21 @@ def test_the_command_line_parses_every_part():
     assert args.study == "depth" and args.parts.split(",") == list(EXPERIMENTS)
 
 
+def test_shapes_are_chosen_by_label_and_an_unknown_one_is_refused(tmp_path):
+    from benchmarks.__main__ import main
+    from benchmarks.context import Context
+    from benchmarks.inputs import SHAPES, select_shapes
+    assert select_shapes("") == SHAPES
+    assert select_shapes("varlen,1x512") == [(1, 512), ("varlen", None)]  # in SHAPES' order
+    with pytest.raises(ValueError, match="unknown 2x512; known: 1x512"):
+        select_shapes("1x512,2x512")
+    with pytest.raises(SystemExit):  # refused before anything runs or is written
+        main(["--out", str(tmp_path / "run"), "--parts", "bench", "--shapes", "8x8"])
+    assert not (tmp_path / "run").exists()
+    ctx = Context(env={}, out=str(tmp_path), shapes=[(8, 2048)])
+    assert ctx.bench_shapes() == [(8, 2048)] and Context(env={}, out="x").bench_shapes() == SHAPES
+
+
 NCU_TEXT = """==PROF== Connected to process 4242 (/usr/bin/python3.12)
 ==PROF== Profiling "prologue_kernel" - 0: 0%....50%....100% - 38 passes
 "ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size","Device","CC","Section Name","Metric Name","Metric Unit","Metric Value"
