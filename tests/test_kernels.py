@@ -65,10 +65,11 @@ def _cases(marks_for=None):
             for c in CASES]
 
 
-#: The cases whose fused-kernel runs cost the CPU suite most (var_16short about 30 s a kernel): there the fused
-#: kernels (fixed and shipped) run only in `make test-all` (marked slow); two_kernel's conformance runs at every
-#: case. The other 17 cases, spared ones and the state-carrying regimes of each kind among them, keep the fix's
-#: bit-equality and the shipped defect's signature in `make test`.
+#: The cases whose runs cost the CPU suite most (var_16short about 30-50 s a kernel): there two_kernel's conformance
+#: and the fused kernels' runs (fixed and shipped) are only in `make test-all` (marked slow). The other 17 cases,
+#: spared ones and the state-carrying regimes of each kind among them (many sequences, padding, no initial state,
+#: batches, several chunks), keep two_kernel's conformance, the fix's bit-equality and the shipped defect's
+#: signature in `make test`.
 HEAVY = {"var_16short", "t513", "b3_t65_bf16", "var_pad_bf16_noh0", "t320", "b2_t100"}
 
 
@@ -76,7 +77,7 @@ def _heavy_marks(case):
     return [pytest.mark.slow] if case.name in HEAVY else []
 
 
-@pytest.mark.parametrize("case", _cases())
+@pytest.mark.parametrize("case", _cases(_heavy_marks))
 def test_conformance(case):
     check_budgets(case, *run(case.name, "two_kernel"))
 
