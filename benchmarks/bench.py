@@ -103,6 +103,7 @@ def run(ctx: Context, rounds: int = 3) -> pd.DataFrame:
 
 
 def _frame(rows: list[dict[str, Any]], bw: float, ctx: Context) -> pd.DataFrame:
+    """The bench rows as the part's table: the copy bandwidth and the run's environment on every row."""
     df = pd.DataFrame(rows)
     df["copy_bw_GBps"] = bw / 1e9
     return stamp(df, ctx.env)

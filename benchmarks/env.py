@@ -40,8 +40,9 @@ def implementation(label: str) -> str:
 
 def env_info() -> dict[str, Any]:
     """The device (name, driver, clocks, memory, multiprocessors), the torch, Triton, CUDA versions, each peer's
-    version or why it cannot run and the versions of the compilers they bring (TileLang, CuTe DSL), the commit (GDNLAB_COMMIT, set by whoever sends the tree), the date, how eager
-    calls are timed, and the registered backends."""
+    version or why it cannot run and the versions of the compilers they bring (TileLang, CuTe DSL), the commit
+    (GDNLAB_COMMIT, set by whoever sends the tree), the date, how eager calls are timed, and the registered
+    backends."""
     from gdnlab import peers
     smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,clocks.max.sm,memory.total",
                           "--format=csv,noheader"], capture_output=True, text=True).stdout.strip()

@@ -31,6 +31,13 @@ def shapes_where(shapes: Mapping[str, Sequence[int]], *, HV: int, V: int, sms: i
             if all(fast_options(lengths, HV=HV, V=V, sms=sms).get(k) == v for k, v in taken.items())]
 
 
+def _replays_equal(bench: pd.DataFrame, candidate: str, shapes: Sequence[str], rule: str) -> None:
+    """Raise (naming `rule`) unless every replay of `candidate` at `shapes` equalled its output."""
+    rows = bench[(bench.backend == candidate) & bench["shape"].isin(list(shapes))]
+    if "replays_equal" not in rows or not _true(rows.replays_equal).all():
+        raise _fail(f"{rule}: {candidate}'s replays do not all equal its output", rows.get("replays_equal"))
+
+
 def fast_takes(options: Mapping[str, Any], cls: Sequence[str], shapes: Mapping[str, Sequence[int]], *, HV: int,
                V: int, sms: int) -> Finding:
     """The last step of an adoption: fast as the code is now (gdnlab.backends.fast_options) takes every one of
@@ -55,9 +62,7 @@ def speed_rule(bench: pd.DataFrame, candidate: str, shapes: Sequence[str], *, ba
     if missing:
         raise _fail(f"speed_rule: no {candidate} / {baseline} time at {', '.join(missing)}", sorted(r.index))
     r = r.loc[list(shapes)]
-    rows = bench[(bench.backend == candidate) & bench["shape"].isin(shapes)]
-    if "replays_equal" not in rows or not _true(rows.replays_equal).all():
-        raise _fail(f"speed_rule: {candidate}'s replays do not all equal its output", rows.get("replays_equal"))
+    _replays_equal(bench, candidate, shapes, "speed_rule")
     if r.max() > worst or r.min() > best:
         raise _fail(f"speed_rule: {candidate} misses the rule (at most {worst}x at every shape, at most {best}x at "
                     f"one or more)", r.round(4).to_dict())
@@ -80,10 +85,7 @@ def shortest_from(bench: pd.DataFrame, candidate: str, lengths: Mapping[str, int
     for s in ratios:
         tail = [t for t in ratios if lengths[t] >= lengths[s]]
         if lengths[s] <= longest and all(r[t] <= best for t in tail):
-            rows = bench[(bench.backend == candidate) & bench["shape"].isin(tail)]
-            if "replays_equal" not in rows or not _true(rows.replays_equal).all():
-                raise _fail(f"shortest_from: {candidate}'s replays do not all equal its output",
-                            rows.get("replays_equal"))
+            _replays_equal(bench, candidate, tail, "shortest_from")
             return Finding(f"{candidate} takes at most {best}x {baseline}'s {timing} at every bench length from "
                            f"{lengths[s]} tokens ({', '.join(tail)}: {min(r[t] for t in tail):.3f}-"
                            f"{max(r[t] for t in tail):.3f}x).", {"from": lengths[s], **ratios})

@@ -206,7 +206,8 @@ def kernel_dots(kernel: str, BV: int | None = None, K: int = 128, BT: int = _BT)
         solve = [Dot("beta.K.K^T", BT, BT, K),
                  Dot("block substitution T_ij (ieee)", SOLVE_BLOCK, SOLVE_BLOCK, SOLVE_BLOCK, "fp32")]
         if doubling:
-            solve.append(Dot("diagonal blocks by doubling, batched (ieee)", SOLVE_BLOCK, SOLVE_BLOCK, SOLVE_BLOCK, "fp32"))
+            solve.append(Dot("diagonal blocks by doubling, batched (ieee)", SOLVE_BLOCK, SOLVE_BLOCK, SOLVE_BLOCK,
+                             "fp32"))
         return solve if walk_t else solve + [Dot("W = T.(beta exp(G) K)", BT, K, BT), Dot("U = T.(beta V)", BT, K, BT)]
     if fn == "fwd_h_kernel":
         walk = [

@@ -185,7 +185,8 @@ def test_dot_lowering_parser():
         "#blocked}>> * tensor<64x64xf32, #ttg.dot_op<{opIdx = 1, parent = #blocked}>> -> tensor<64x64xf32, #blocked>",
         # a batched dot (four 16x16 products) is listed by the shape of each product
         "%4 = tt.dot %a, %b, %c, inputPrecision = ieee : tensor<4x16x8xf32, #ttg.dot_op<{opIdx = 0, parent = "
-        "#blocked}>> * tensor<4x8x32xf32, #ttg.dot_op<{opIdx = 1, parent = #blocked}>> -> tensor<4x16x32xf32, #blocked>",
+        "#blocked}>> * tensor<4x8x32xf32, #ttg.dot_op<{opIdx = 1, parent = #blocked}>> "
+        "-> tensor<4x16x32xf32, #blocked>",
     ])
     dots, fma = dot_lowering(ttgir)
     assert dots == "16x32x8 f32:fma;64x64x64 f32:fma;64x8x64 bf16:wgmma;8x64x64 bf16:mma" and fma == 2
