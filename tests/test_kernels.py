@@ -359,7 +359,8 @@ def test_output_blocks_of_other_sizes_are_refused():
         gdnlab.chunk_gated_delta_rule(**kw, backend="fused_fixed", out_chunks=2)
 
 
-@pytest.mark.parametrize("name", ["var_pad_bf16_noh0", pytest.param("b3_t65_bf16", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("name", ["var_pad", pytest.param("var_pad_bf16_noh0", marks=pytest.mark.slow),
+                                  pytest.param("b3_t65_bf16", marks=pytest.mark.slow)])
 def test_fused_output_is_bit_equal_to_fast_on_the_cpu(name):
     """fused_output (the state kernel writes the output; no h, V_new or output kernel) rounds where the output
     kernel does: every element written, padding zero, output and final state bit-equal to fast's here."""
