@@ -196,9 +196,9 @@ def kernel_dots(kernel: str, BV: int | None = None, K: int = 128, BT: int = _BT)
             raise ValueError(f"BV: {kernel} takes one of {', '.join(map(str, KERNEL_BVS[kernel]))}, got {BV!r}")
     kt = min(K, K_TILE)  # K is walked in register tiles
     fn = jit_fn(kernel)
-    walk_t = kernel in TWO_KERNEL_BUILDS and TWO_KERNEL_BUILDS[kernel].options.get("walk_t", False)
-    fused_output = kernel in TWO_KERNEL_BUILDS and TWO_KERNEL_BUILDS[kernel].options.get("fused_output", False)
-    doubling = kernel in TWO_KERNEL_BUILDS and TWO_KERNEL_BUILDS[kernel].options.get("prologue_solve") == "doubling"
+    build = TWO_KERNEL_BUILDS[kernel].options if kernel in TWO_KERNEL_BUILDS else {}
+    walk_t, fused_output = build.get("walk_t", False), build.get("fused_output", False)
+    doubling = build.get("prologue_solve") == "doubling"
     if fn in ("l2norm_kernel", "log_norm_kernel"):
         return []
     if fn == "prologue_kernel":

@@ -33,7 +33,17 @@ import torch
 
 from gdnlab.registry import UNAVAILABLE, register_backend
 
-__all__ = ["PEERS", "Peer", "peer_status", "implementation", "register_peers"]
+__all__ = ["PEERS", "Peer", "peer_status", "implementation", "register_peers", "installed_version",
+           "dependency_versions"]
+
+
+def installed_version(distribution: str) -> str:
+    """The installed version of `distribution`, or "not installed (<why>)"."""
+    try:
+        from importlib.metadata import version
+        return version(distribution)
+    except Exception as e:  # noqa: BLE001 - any failure is reported, not raised
+        return f"not installed ({type(e).__name__})"
 
 
 @dataclass(frozen=True)
@@ -48,11 +58,7 @@ class Peer:
 
     def version(self) -> str:
         """The installed distribution's version, or why it is not importable."""
-        try:
-            from importlib.metadata import version
-            return version(self.distribution)
-        except Exception as e:  # noqa: BLE001 - any failure is reported, not raised
-            return f"not installed ({type(e).__name__})"
+        return installed_version(self.distribution)
 
     def why_not(self) -> str | None:
         """None when the peer can run on this machine, else the reason it cannot."""
@@ -242,15 +248,8 @@ PEER_DEPENDENCIES = ("tilelang", "apache-tvm-ffi", "nvidia-cutlass-dsl", "cuda-p
 
 
 def dependency_versions() -> dict[str, str]:
-    """The installed version of each of PEER_DEPENDENCIES, or "not installed"."""
-    from importlib.metadata import PackageNotFoundError, version
-    out = {}
-    for d in PEER_DEPENDENCIES:
-        try:
-            out[d] = version(d)
-        except PackageNotFoundError:
-            out[d] = "not installed"
-    return out
+    """installed_version of each of PEER_DEPENDENCIES."""
+    return {d: installed_version(d) for d in PEER_DEPENDENCIES}
 
 
 def peer_status() -> dict[str, str]:
