@@ -94,10 +94,11 @@ def shortest_from(bench: pd.DataFrame, candidate: str, lengths: Mapping[str, int
 
 
 def accuracy_rule(conformance: pd.DataFrame, sweep: pd.DataFrame, candidate: str, *, baseline: str = "fast",
-                  factor: float = 1.10, chunks: int = 1024) -> Finding:
+                  factor: float = 1.10, chunks: int | Sequence[int] = 1024, error: str = "max_abs_err") -> Finding:
     """The accuracy half of an adoption rule: `candidate` passes every conformance case `baseline` was run on
-    (each of CONFORMANCE_CHECKS), and its max output error at `chunks` chunks in each sweep regime and initial
-    state is at most `factor` times `baseline`'s."""
+    (each of CONFORMANCE_CHECKS), and its output error (the sweep's column `error`: one element's maximum, or
+    mean_abs_err) at each of `chunks` chunks in each sweep regime and initial state is at most `factor` times
+    `baseline`'s."""
     base_cases = set(conformance[conformance.backend == baseline].case)
     got = conformance[conformance.backend == candidate]
     if not base_cases or set(got.case) != base_cases:
@@ -106,15 +107,17 @@ def accuracy_rule(conformance: pd.DataFrame, sweep: pd.DataFrame, candidate: str
     failed = got[~pd.concat([_true(got[c]) for c in CONFORMANCE_CHECKS], axis=1).all(axis=1)]
     if len(failed):
         raise _fail(f"accuracy_rule: {candidate} fails conformance cases", sorted(failed.case))
-    at = sweep[sweep.n_chunks == chunks].pivot_table(index=["regime", "initial_state"], columns="backend",
-                                                     values="max_abs_err")
-    if candidate not in at or baseline not in at:
-        raise _fail(f"accuracy_rule: the sweep has no {chunks}-chunk errors of both", list(at.columns))
+    counts = [chunks] if isinstance(chunks, int) else list(chunks)
+    at = sweep[sweep.n_chunks.isin(counts)].pivot_table(index=["regime", "initial_state", "n_chunks"],
+                                                        columns="backend", values=error)
+    where = " and ".join(map(str, counts))
+    if candidate not in at or baseline not in at or set(at.index.get_level_values("n_chunks")) != set(counts):
+        raise _fail(f"accuracy_rule: the sweep has no {where}-chunk {error} of both", list(at.columns))
     ratio = (at[candidate] / at[baseline]).dropna()
     if ratio.empty or ratio.max() > factor:
-        raise _fail(f"accuracy_rule: {candidate}'s error at {chunks} chunks is above {factor}x {baseline}'s",
+        raise _fail(f"accuracy_rule: {candidate}'s {error} at {where} chunks is above {factor}x {baseline}'s",
                     ratio.round(4).to_dict())
-    return Finding(f"{candidate} passes all {len(got)} conformance cases; its max output error at {chunks} chunks "
+    return Finding(f"{candidate} passes all {len(got)} conformance cases; its {error} at {where} chunks "
                    f"is {ratio.min():.3f}-{ratio.max():.3f}x {baseline}'s (rule: at most {factor}x).",
                    {" / ".join(map(str, k)): v for k, v in ratio.round(4).items()})
 

@@ -64,9 +64,10 @@ def _accuracy(errors, failing=()):
     conf = pd.DataFrame([dict(case=c, backend=b, **{k: not (b == "cand" and c in failing)
                                                     for k in adoption.CONFORMANCE_CHECKS})
                          for c in ("t1", "t65") for b in ("fast", "cand")])
-    sweep = pd.DataFrame([dict(regime=rg, initial_state=h0, backend=b, n_chunks=n, max_abs_err=e * (n / 1024))
+    sweep = pd.DataFrame([dict(regime=rg, initial_state=h0, backend=b, n_chunks=n, max_abs_err=e * (n / 1024),
+                               mean_abs_err=e * (n / 1024) / (2 if b == "cand" and n == 32 else 10))
                           for (rg, h0), (ef, ec) in errors.items() for b, e in (("fast", ef), ("cand", ec))
-                          for n in (16, 1024)])
+                          for n in (16, 32, 1024)])
     return conf, sweep
 
 
@@ -78,6 +79,12 @@ def test_accuracy_rule_passes_and_fails_as_written():
         adoption.accuracy_rule(*_accuracy({("slow_gate", True): (1.0e-3, 1.2e-3)}), "cand")
     with pytest.raises(AssertionError, match="fails conformance"):
         adoption.accuracy_rule(*_accuracy(errors, failing=("t65",)), "cand")
+    # the mean error at several chunk counts (item 64's terms): cand's mean at 32 chunks is 5x fast's
+    assert adoption.accuracy_rule(*_accuracy(errors), "cand", chunks=[16], error="mean_abs_err", factor=1.05)
+    with pytest.raises(AssertionError, match="mean_abs_err at 16 and 32 chunks"):
+        adoption.accuracy_rule(*_accuracy(errors), "cand", chunks=[16, 32], error="mean_abs_err", factor=1.05)
+    with pytest.raises(AssertionError, match="no 16 and 64-chunk"):
+        adoption.accuracy_rule(*_accuracy(errors), "cand", chunks=[16, 64])
 
 
 def test_best_candidate_takes_the_fastest_that_passes():
