@@ -12,12 +12,9 @@ from typing import Any
 import pandas as pd
 
 from gdnlab.backends import fast_options
+from gdnlab.field import in_budget
 from gdnlab.findings import Finding, _fail
 from gdnlab.speed import _ratio
-
-#: The conformance columns that must all hold for a case to pass.
-CONFORMANCE_CHECKS = ("out_ok", "state_ok", "all_written", "padding_zero", "inputs_unchanged")
-
 
 def _true(col: pd.Series) -> pd.Series:
     """A CSV column of booleans (read as bool or as text) as bool; missing is False."""
@@ -96,7 +93,7 @@ def shortest_from(bench: pd.DataFrame, candidate: str, lengths: Mapping[str, int
 def accuracy_rule(conformance: pd.DataFrame, sweep: pd.DataFrame, candidate: str, *, baseline: str = "fast",
                   factor: float = 1.10, chunks: int | Sequence[int] = 1024, error: str = "max_abs_err") -> Finding:
     """The accuracy half of an adoption rule: `candidate` passes every conformance case `baseline` was run on
-    (each of CONFORMANCE_CHECKS), and its output error (the sweep's column `error`: one element's maximum, or
+    (gdnlab.field.in_budget), and its output error (the sweep's column `error`: one element's maximum, or
     mean_abs_err) at each of `chunks` chunks in each sweep regime and initial state is at most `factor` times
     `baseline`'s."""
     base_cases = set(conformance[conformance.backend == baseline].case)
@@ -104,7 +101,7 @@ def accuracy_rule(conformance: pd.DataFrame, sweep: pd.DataFrame, candidate: str
     if not base_cases or set(got.case) != base_cases:
         raise _fail(f"accuracy_rule: {candidate} was not run on {baseline}'s conformance cases",
                     sorted(base_cases ^ set(got.case)))
-    failed = got[~pd.concat([_true(got[c]) for c in CONFORMANCE_CHECKS], axis=1).all(axis=1)]
+    failed = got[~in_budget(got)]
     if len(failed):
         raise _fail(f"accuracy_rule: {candidate} fails conformance cases", sorted(failed.case))
     counts = [chunks] if isinstance(chunks, int) else list(chunks)

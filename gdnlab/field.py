@@ -31,6 +31,10 @@ PEER_NAMES = tuple(PEERS)
 GROWTH_MARGIN = 0.1
 
 
+#: The conformance columns (benchmarks.conformance) that must all hold for a case to be in budget.
+CONFORMANCE_CHECKS = ("out_ok", "state_ok", "all_written", "padding_zero", "inputs_unchanged")
+
+
 def load(device: str = "h200", accuracy_run: str | None = None, bench_run: str | None = None,
          purpose: str = "peers") -> dict[str, pd.DataFrame]:
     """The conformance and sweep tables of `accuracy_run` and the bench table of `bench_run` (None: the latest run
@@ -54,9 +58,8 @@ def _ran(df: pd.DataFrame) -> pd.Series:
 def in_budget(conf: pd.DataFrame) -> pd.Series:
     """Per conformance row: output and state in budget, every element written, padding zero, inputs unchanged,
     finite errors, and no error raised (NaN, or a missing check, counts as a failure)."""
-    checks = ["out_ok", "state_ok", "all_written", "padding_zero", "inputs_unchanged"]
     ok = pd.Series(True, index=conf.index)
-    for c in checks:
+    for c in CONFORMANCE_CHECKS:
         ok &= conf[c].astype("boolean").fillna(False).astype(bool) if c in conf else False
     for c in ("out_max_abs", "state_max_abs"):
         ok &= np.isfinite(pd.to_numeric(conf[c], errors="coerce")) if c in conf else False

@@ -3,6 +3,7 @@ import pandas as pd
 import pytest
 
 from gdnlab import adoption
+from gdnlab.field import CONFORMANCE_CHECKS
 from gdnlab.speed import load_bench_frame
 
 SHAPES = {"1x512": [512], "1x32768": [32768], "8x2048": [2048] * 8, "varlen": [3000, 17, 512, 1, 4096]}
@@ -61,8 +62,8 @@ def test_shortest_from_finds_where_the_tail_is_fast_enough():
 
 
 def _accuracy(errors, failing=()):
-    conf = pd.DataFrame([dict(case=c, backend=b, **{k: not (b == "cand" and c in failing)
-                                                    for k in adoption.CONFORMANCE_CHECKS})
+    conf = pd.DataFrame([dict(case=c, backend=b, out_max_abs=1e-3, state_max_abs=1e-3, error="",
+                              **{k: not (b == "cand" and c in failing) for k in CONFORMANCE_CHECKS})
                          for c in ("t1", "t65") for b in ("fast", "cand")])
     sweep = pd.DataFrame([dict(regime=rg, initial_state=h0, backend=b, n_chunks=n, max_abs_err=e * (n / 1024),
                                mean_abs_err=e * (n / 1024) / (2 if b == "cand" and n == 32 else 10))
