@@ -5,7 +5,7 @@ issue's targets judged row by row by a rule fixed before the data (:func:`judge`
 (:class:`~gdnlab.findings.Summary`), and the figures."""
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -114,6 +114,17 @@ def speed_table(bench: pd.DataFrame, timing: str = "graph_ms") -> pd.DataFrame:
 def _ratio(bench: pd.DataFrame, a: str, b: str, timing: str) -> pd.Series:
     t = speed_table(bench, timing)
     return (t[a] / t[b]).dropna() if a in t and b in t else pd.Series(dtype=float)
+
+
+def ratio_table(bench: pd.DataFrame, backends: Sequence[str], baseline: str = "fast",
+                timing: str = "graph_ms") -> pd.DataFrame:
+    """Each of `backends`' time over `baseline`'s at each shape (rows in benchmark order, columns "b / baseline");
+    NaN where either was not timed. How a candidate of the speed notes is shown beside fast."""
+    t = speed_table(bench, timing)
+    missing = [b for b in (*backends, baseline) if b not in t]
+    if missing:
+        raise ValueError(f"ratio_table: no {timing} of {', '.join(missing)} in the bench (has {', '.join(t.columns)})")
+    return pd.DataFrame({f"{b} / {baseline}": t[b] / t[baseline] for b in backends})
 
 
 def _to_fastest(bench: pd.DataFrame, backend: str, timing: str) -> pd.Series:

@@ -186,3 +186,11 @@ def test_dispatch_cost():
         speed.dispatch_cost(df.assign(median_paired_ratio=df.median_paired_ratio * 1.04))
     with pytest.raises(AssertionError, match="lacks"):
         speed.dispatch_cost(df[df.what != "entry -> noop"])
+
+
+def test_ratio_table_is_each_candidate_over_the_baseline():
+    t = speed.ratio_table(_synthetic(fast_graph=0.8), ["fla", "auto"], "fast")
+    assert list(t.columns) == ["fla / fast", "auto / fast"] and list(t.index) == ["1x512", "1x8192"]
+    assert t["fla / fast"].tolist() == pytest.approx([1.25, 1.25]) and t["auto / fast"].tolist() == [1.0, 1.0]
+    with pytest.raises(ValueError, match="no graph_ms of nope"):
+        speed.ratio_table(_synthetic(), ["nope"])
