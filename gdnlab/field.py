@@ -48,6 +48,16 @@ def load(device: str = "h200", accuracy_run: str | None = None, bench_run: str |
     return out
 
 
+def load_card(device: str, run: str | None = None) -> dict[str, pd.DataFrame]:
+    """sweep.csv and the bench of a "field" run of `device` (None: the latest with a sweep.csv), each with its run
+    id in column ``run_id``: bench.csv, or where the call's time limit cut the bench, bench_log.csv (the medians its
+    log printed for the shapes it finished, read from log.txt; bench.csv is now written after every shape)."""
+    run = run or runs.latest(device, purpose="field", has="sweep.csv")
+    bench_file = "bench.csv" if (runs.data_dir(device) / run / "bench.csv").exists() else "bench_log.csv"
+    return {"sweep": runs.load(run, "sweep.csv", device).assign(run_id=run),
+            "bench": load_bench_frame(runs.load(run, bench_file, device).assign(run_id=run))}
+
+
 # ---- tables -------------------------------------------------------------------------------------------------------
 
 def _ran(df: pd.DataFrame) -> pd.Series:

@@ -76,3 +76,11 @@ def test_host_targets_judge_both_measures_from_the_run_and_miss_without_fast():
     assert tg.loc["host", "met"] == (wall <= 60)
     none = field.host_targets(h["bench"], h["host"][h["host"].backend != "fast"]).set_index("timing")
     assert none.loc["host", "rule"] == "not measured" and not none.loc["host", "met"]
+
+
+def test_a_cards_field_run_reads_a_bench_cut_short_from_its_log():
+    d = field.load_card("h100", "2026-12-07T1552-field")
+    assert set(d["bench"].run_id) == set(d["sweep"].run_id) == {"2026-12-07T1552-field"}
+    assert "4x8192" not in set(d["bench"]["shape"]) and {"fast", *field.PEER_NAMES} <= set(d["bench"].backend)
+    tg = field.fast_targets(d["bench"], d["sweep"])
+    assert set(tg.device) == {"NVIDIA H100 80GB HBM3"}
