@@ -36,14 +36,19 @@ CONFORMANCE_CHECKS = ("out_ok", "state_ok", "all_written", "padding_zero", "inpu
 
 
 def load(device: str = "h200", accuracy_run: str | None = None, bench_run: str | None = None,
-         purpose: str = "peers") -> dict[str, pd.DataFrame]:
-    """The conformance and sweep tables of `accuracy_run` and the bench table of `bench_run` (None: the latest run
-    with purpose `purpose` holding that file, from RUNS.csv), each with its run id in column ``run_id``. "peers"
-    runs hold the lab's paths beside the peers; "field" runs fast (or a variant) and the peers only."""
+         purpose: str = "peers", conformance_run: str | None = None) -> dict[str, pd.DataFrame]:
+    """The sweep table of `accuracy_run`, the conformance table of `conformance_run` and the bench table of
+    `bench_run` (None: the latest run with purpose `purpose` holding that file, from RUNS.csv; the conformance
+    defaults to `accuracy_run`'s where it has one), each with its run id in column ``run_id``. "peers" runs hold the
+    lab's paths beside the peers; "field" runs fast (or a variant) and the peers only, and a start whose device
+    time ran out may have filed no conformance, so its table comes from the latest that did."""
     accuracy_run = accuracy_run or runs.latest(device, purpose=purpose, has="sweep.csv")
     bench_run = bench_run or runs.latest(device, purpose=purpose, has="bench.csv")
+    if conformance_run is None:
+        conformance_run = (accuracy_run if (runs.data_dir(device) / accuracy_run / "conformance.csv").exists()
+                           else runs.latest(device, purpose=purpose, has="conformance.csv"))
     out = {name: runs.load(rid, f"{name}.csv", device).assign(run_id=rid)
-           for name, rid in (("conformance", accuracy_run), ("sweep", accuracy_run), ("bench", bench_run))}
+           for name, rid in (("conformance", conformance_run), ("sweep", accuracy_run), ("bench", bench_run))}
     out["bench"] = load_bench_frame(out["bench"])
     return out
 
