@@ -41,15 +41,17 @@ def load(device: str = "h200", accuracy_run: str | None = None, bench_run: str |
     `bench_run` (None: the latest run with purpose `purpose` holding that file, from RUNS.csv; the conformance
     defaults to `accuracy_run`'s where it has one), each with its run id in column ``run_id``. "peers" runs hold the
     lab's paths beside the peers; "field" runs fast (or a variant) and the peers only, and a start whose device
-    time ran out may have filed no conformance, so its table comes from the latest that did."""
+    time ran out may have filed no conformance, so its table comes from the latest that did. A bench split over
+    calls of one machine start is read whole (runs.continued)."""
     accuracy_run = accuracy_run or runs.latest(device, purpose=purpose, has="sweep.csv")
     bench_run = bench_run or runs.latest(device, purpose=purpose, has="bench.csv")
     if conformance_run is None:
         conformance_run = (accuracy_run if (runs.data_dir(device) / accuracy_run / "conformance.csv").exists()
                            else runs.latest(device, purpose=purpose, has="conformance.csv"))
     out = {name: runs.load(rid, f"{name}.csv", device).assign(run_id=rid)
-           for name, rid in (("conformance", conformance_run), ("sweep", accuracy_run), ("bench", bench_run))}
-    out["bench"] = load_bench_frame(out["bench"])
+           for name, rid in (("conformance", conformance_run), ("sweep", accuracy_run))}
+    out["bench"] = load_bench_frame(pd.concat([runs.load(r, "bench.csv", device).assign(run_id=r)
+                                               for r in runs.continued(bench_run, device)], ignore_index=True))
     return out
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import pandas as pd
 
 __all__ = ["COLUMNS", "TIMING_METHODS", "RunError", "data_dir", "runs", "kind", "select", "latest", "path", "load",
-           "file_run"]
+           "file_run", "continued"]
 
 #: RUNS.csv's columns, in order.
 COLUMNS = ("run_id", "utc_time", "commit", "device", "driver", "torch", "triton", "peers", "timing_method", "purpose")
@@ -97,6 +97,17 @@ def latest(device: str = "h200", purpose: str | tuple[str, ...] | None = None, h
     return str(df.run_id.iloc[-1])
 
 
+def continued(run_id: str, device: str = "h200") -> list[str]:
+    """`run_id` and the runs it carries on (each env.json's ``continues``: an earlier call of the same machine start,
+    such as a bench split over calls by their time limit), earliest first."""
+    chain = [run_id]
+    while (prev := json.loads(path(chain[0], "env.json", device).read_text()).get("continues")):
+        if prev in chain:
+            raise RunError(f"run {run_id!r}: its continues chain loops at {prev!r}")
+        chain.insert(0, prev)
+    return chain
+
+
 def path(run_id: str, filename: str, device: str = "h200") -> Path:
     """The path of `filename` in run `run_id`; RunError when the run is not registered or lacks the file."""
     _row(device, run_id)
@@ -113,11 +124,14 @@ def load(run_id: str, filename: str, device: str = "h200") -> pd.DataFrame:
 
 
 def file_run(device: str, kind_: str, purpose: str, files: list[str | Path], env: dict[str, str],
-             timing_method: str = "none", peers: str = "", started: str | None = None) -> str:
+             timing_method: str = "none", peers: str = "", started: str | None = None,
+             commit: str | None = None) -> str:
     """Commit-ready filing of one run: copy `files` into ``data/<device>/<UTC start>-<kind_>/`` with `env` (which
     must name device, torch and triton) as env.json and the date, and append its row to RUNS.csv (commit: this
     checkout's HEAD). Returns the run id. `purpose` is the text after the kind (the row reads "kind_: purpose").
-    `started` is the run's UTC start as ISO 8601 (default: now), for runs filed after they ran."""
+    `started` is the run's UTC start as ISO 8601 (default: now), for runs filed after they ran; `commit` the commit
+    whose tree ran (default: HEAD, for a run filed before anything else is committed). A run that carries on an
+    earlier call of the same machine start names it as ``env["continues"]`` (see :func:`continued`)."""
     if timing_method not in TIMING_METHODS:
         raise ValueError(f"timing_method: must be one of {', '.join(TIMING_METHODS)}, got {timing_method!r}")
     missing = [k for k in ("device", "torch", "triton") if not env.get(k)]
@@ -134,8 +148,8 @@ def file_run(device: str, kind_: str, purpose: str, files: list[str | Path], env
         shutil.copy2(f, folder / Path(f).name)
     env = {**env, "date": env.get("date", now.isoformat())}
     (folder / "env.json").write_text(json.dumps(env, indent=1) + "\n")
-    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                          cwd=data_dir(device).parent).stdout.strip() or "?"
+    head = commit or subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                    cwd=data_dir(device).parent).stdout.strip() or "?"
     row = dict(run_id=run_id, utc_time=now.strftime("%Y-%m-%dT%H:%M:%SZ"), commit=head, device=env["device"],
                driver=env.get("driver", ""), torch=env["torch"], triton=env["triton"], peers=peers,
                timing_method=timing_method, purpose=f"{kind_}: {purpose}")

@@ -5,7 +5,7 @@ import math
 import pandas as pd
 import pytest
 
-from gdnlab import field
+from gdnlab import field, runs
 from gdnlab.speed import load_bench_frame
 
 
@@ -84,3 +84,11 @@ def test_a_cards_field_run_reads_a_bench_cut_short_from_its_log():
     assert "4x8192" not in set(d["bench"]["shape"]) and {"fast", *field.PEER_NAMES} <= set(d["bench"].backend)
     tg = field.fast_targets(d["bench"], d["sweep"])
     assert set(tg.device) == {"NVIDIA H100 80GB HBM3"}
+
+
+def test_the_latest_field_start_is_read_whole_with_a_conformance_table():
+    d = field.load("h200", purpose="field")
+    bench_run = runs.latest("h200", purpose="field", has="bench.csv")
+    assert set(d["bench"].run_id) == set(runs.continued(bench_run, "h200"))
+    assert d["bench"].groupby("shape").backend.nunique().min() == d["bench"].backend.nunique()
+    assert {"fast", *field.PEER_NAMES} <= set(d["conformance"].backend)

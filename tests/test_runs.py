@@ -93,3 +93,17 @@ def test_file_run_names_a_run_filed_later_by_its_start(tmp_path, monkeypatch):
                         started="2026-01-02T03:04:05Z")
     assert rid == "2026-01-02T0304-host"
     assert str(runs.runs("gpu").iloc[-1].utc_time) == "2026-01-02 03:04:05+00:00"
+
+
+def test_a_run_split_over_calls_is_read_back_as_its_chain(tmp_path, monkeypatch):
+    monkeypatch.setattr(runs, "data_dir", lambda device="gpu": tmp_path / device)
+    src = tmp_path / "bench.csv"
+    src.write_text("backend,ms\nfast,1.0\n")
+    env = dict(device="d", torch="t", triton="3")
+    a = runs.file_run("gpu", "field", "first call", [src], env, started="2026-01-02T03:04:05Z", commit="abc1234")
+    b = runs.file_run("gpu", "field", "second call", [src], {**env, "continues": a}, started="2026-01-02T03:10:00Z")
+    assert runs.continued(b, "gpu") == [a, b] and runs.continued(a, "gpu") == [a]
+    assert runs.runs("gpu").set_index("run_id").commit[a] == "abc1234"
+    (tmp_path / "gpu" / a / "env.json").write_text(json.dumps({**env, "continues": b}))
+    with pytest.raises(runs.RunError, match="loops"):
+        runs.continued(b, "gpu")
