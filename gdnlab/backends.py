@@ -165,13 +165,19 @@ def fast_by_size(programs: int, walkers: int, sms: int) -> dict[str, Any]:
     Its prologue, storing T only, solves the diagonal blocks with register moves where it runs more than two
     programs per multiprocessor ("moves": 0.846-0.877x on the H100's batch shapes, bit-equal, item 61; fewer keep
     "doubling", unmeasured against moves); where a prologue forms W and U, "moves" rounds differently and at 1024
-    chunks its error was 1.109x fast's (item 60), so a caller who turns walk_t off gets the default solve back."""
+    chunks its error was 1.109x fast's (item 60), so a caller who turns walk_t off gets the default solve back.
+    One sequence with more than two and at most eight prologue programs per multiprocessor (1024-2048 tokens at 32
+    value heads on 132) takes the same T-only prologue and "moves" with the two-kernel walk forming V_new (walk_t):
+    0.907x and 0.955x at 1x1024 and 1x2048 on the H200, mean error at 16 and 32 chunks 0.883x (item 64); shorter
+    and longer sequences keep W and U (1.04x at 512 tokens, 1.01-1.04x from 4096)."""
     small = programs <= 2 * sms
     opts: dict[str, Any] = dict(prologue_warps=4 if small else 2, norm_q_in_output=programs <= 4 * sms)
     if small:
         opts["prologue_solve"] = "doubling"
     if walkers <= sms:
         opts.update(num_stages=4, out_stages=3)
+        if 2 * sms < programs <= 8 * sms:
+            opts.update(walk_t=True, prologue_solve="moves")
         if programs > 32 * sms:
             opts.update(out_programs=4, out_tma=True, out_stages=LOOP_OUT_STAGES)
     else:

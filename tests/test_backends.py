@@ -85,12 +85,14 @@ def test_q_norm_in_output_kernel_is_bit_equal_on_cpu():
 def test_fast_size_rule(programs, warps, nq, walkers, deep):
     """fast's options by size: 4 prologue warps and the doubling solve up to two programs per multiprocessor, the
     output kernel looping (2 stages) above 32 where the walk is pipelined, q normalised in the output
-    kernel up to four, the walk pipelined 4 deep up to one state-kernel program per multiprocessor (132 here), and
-    past that the output written by the state kernel at V tile 64, from T stored by the prologue (walk_t), loading
+    kernel up to four, the walk pipelined 4 deep up to one state-kernel program per multiprocessor (132 here), from
+    T stored by the prologue and solved by "moves" there above two and up to eight prologue programs, and past that the output written by the state kernel at V tile 64, from T stored by the prologue (walk_t), loading
     K once at 2 stages and, above two prologue programs per multiprocessor, the "moves" solve."""
     from gdnlab.backends import fast_by_size
     want = dict(prologue_warps=warps, norm_q_in_output=nq, **(dict(prologue_solve="doubling") if warps == 4 else {}),
                 **(dict(num_stages=4, out_stages=3) if deep else {}))
+    if deep and 2 * 132 < programs <= 8 * 132:
+        want.update(walk_t=True, prologue_solve="moves")
     if deep and programs > 32 * 132:
         want.update(out_programs=4, out_tma=True, out_stages=2)
     if not deep:
@@ -172,9 +174,10 @@ def test_fast_options_are_what_a_fast_call_runs_with(monkeypatch):
             want.get("walk_k_once", False), want.get("num_stages"))
     assert [(kw.get("fused_output", False), kw["BV"]) for kw in seen] == [(True, 64), (False, 32), (False, 32),
                                                                           (False, 32), (True, 64)]
-    assert [p["store_t"] for p in prologues] == [True, False, False, False, False]
+    # one sequence of 5 chunks at 2 value heads: 10 prologue programs on 4 multiprocessors, walk_t and moves
+    assert [p["store_t"] for p in prologues] == [True, True, False, False, False]
     # moves only where the prologue stores T only (the caller's prologue_tma gives the batch back its W and U)
-    assert [p["solve"] for p in prologues] == ["moves", SOLVE, SOLVE, SOLVE, SOLVE]
+    assert [p["solve"] for p in prologues] == ["moves", "moves", SOLVE, SOLVE, SOLVE]
     # the batch's walk loads K once at 2 stages; without its fused walk or walk_t, neither (the walk's own depth)
     assert [(kw.get("walk_k_once", False), kw.get("num_stages")) for kw in seen] == [
         (True, 2), (False, 4), (False, None), (False, None), (False, None)]
