@@ -50,8 +50,7 @@ def load(device: str = "h200", accuracy_run: str | None = None, bench_run: str |
                            else runs.latest(device, purpose=purpose, has="conformance.csv"))
     out = {name: runs.load(rid, f"{name}.csv", device).assign(run_id=rid)
            for name, rid in (("conformance", conformance_run), ("sweep", accuracy_run))}
-    out["bench"] = load_bench_frame(pd.concat([runs.load(r, "bench.csv", device).assign(run_id=r)
-                                               for r in runs.continued(bench_run, device)], ignore_index=True))
+    out["bench"] = load_bench_frame(runs.load_chain(bench_run, "bench.csv", device))
     return out
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import pandas as pd
 
 __all__ = ["COLUMNS", "TIMING_METHODS", "RunError", "data_dir", "runs", "kind", "select", "latest", "path", "load",
-           "file_run", "continued"]
+           "file_run", "continued", "load_chain"]
 
 #: RUNS.csv's columns, in order.
 COLUMNS = ("run_id", "utc_time", "commit", "device", "driver", "torch", "triton", "peers", "timing_method", "purpose")
@@ -106,6 +106,13 @@ def continued(run_id: str, device: str = "h200") -> list[str]:
             raise RunError(f"run {run_id!r}: its continues chain loops at {prev!r}")
         chain.insert(0, prev)
     return chain
+
+
+def load_chain(run_id: str, filename: str, device: str = "h200") -> pd.DataFrame:
+    """`filename` of `run_id` and of each run it carries on (:func:`continued`), one table, its rows tagged with
+    their run in column ``run_id``."""
+    return pd.concat([load(r, filename, device).assign(run_id=r) for r in continued(run_id, device)],
+                     ignore_index=True)
 
 
 def path(run_id: str, filename: str, device: str = "h200") -> Path:

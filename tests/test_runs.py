@@ -103,6 +103,7 @@ def test_a_run_split_over_calls_is_read_back_as_its_chain(tmp_path, monkeypatch)
     a = runs.file_run("gpu", "field", "first call", [src], env, started="2026-01-02T03:04:05Z", commit="abc1234")
     b = runs.file_run("gpu", "field", "second call", [src], {**env, "continues": a}, started="2026-01-02T03:10:00Z")
     assert runs.continued(b, "gpu") == [a, b] and runs.continued(a, "gpu") == [a]
+    assert runs.load_chain(b, "bench.csv", "gpu").run_id.tolist() == [a, b]
     assert runs.runs("gpu").set_index("run_id").commit[a] == "abc1234"
     (tmp_path / "gpu" / a / "env.json").write_text(json.dumps({**env, "continues": b}))
     with pytest.raises(runs.RunError, match="loops"):
