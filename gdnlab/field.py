@@ -55,13 +55,21 @@ def load(device: str = "h200", accuracy_run: str | None = None, bench_run: str |
 
 
 def load_card(device: str, run: str | None = None) -> dict[str, pd.DataFrame]:
-    """sweep.csv and the bench of a "field" run of `device` (None: the latest with a sweep.csv), each with its run
-    id in column ``run_id``: bench.csv, or where the call's time limit cut the bench, bench_log.csv (the medians its
-    log printed for the shapes it finished, read from log.txt; bench.csv is now written after every shape)."""
-    run = run or runs.latest(device, purpose="field", has="sweep.csv")
-    bench_file = "bench.csv" if (runs.data_dir(device) / run / "bench.csv").exists() else "bench_log.csv"
-    return {"sweep": runs.load(run, "sweep.csv", device).assign(run_id=run),
-            "bench": load_bench_frame(runs.load(run, bench_file, device).assign(run_id=run))}
+    """The sweep and the bench of a "field" start of `device`: `run` (None: the latest field run) and the runs it
+    carries on (runs.continued), each table with its run id in column ``run_id``. A run's bench is its bench.csv,
+    or where the call's time limit cut the bench before bench.csv was written after every shape, bench_log.csv
+    (the medians its log printed for the shapes it finished)."""
+    chain = runs.continued(run or runs.latest(device, purpose="field"), device)
+    held = {r: {f.name for f in (runs.data_dir(device) / r).iterdir()} for r in chain}
+    with_sweep = [r for r in chain if "sweep.csv" in held[r]]
+    if not with_sweep:
+        raise runs.RunError(f"field start {chain[-1]!r} of {device} has no sweep.csv")
+    bench = [runs.load(r, f, device).assign(run_id=r) for r in chain
+             for f in [next((f for f in ("bench.csv", "bench_log.csv") if f in held[r]), None)] if f]
+    if not bench:
+        raise runs.RunError(f"field start {chain[-1]!r} of {device} has no bench")
+    return {"sweep": runs.load(with_sweep[-1], "sweep.csv", device).assign(run_id=with_sweep[-1]),
+            "bench": load_bench_frame(pd.concat(bench, ignore_index=True))}
 
 
 # ---- tables -------------------------------------------------------------------------------------------------------

@@ -84,6 +84,8 @@ def test_a_cards_field_run_reads_a_bench_cut_short_from_its_log():
     assert "4x8192" not in set(d["bench"]["shape"]) and {"fast", *field.PEER_NAMES} <= set(d["bench"].backend)
     tg = field.fast_targets(d["bench"], d["sweep"])
     assert set(tg.device) == {"NVIDIA H100 80GB HBM3"}
+    latest = field.load_card("h200")  # the latest start, read whole over the calls it took
+    assert set(latest["bench"].run_id) == set(runs.continued(runs.latest("h200", purpose="field"), "h200"))
 
 
 def test_the_latest_field_start_is_read_whole_with_a_conformance_table():
