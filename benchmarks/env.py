@@ -38,11 +38,25 @@ def implementation(label: str) -> str:
     return peers.implementation(name) if name in peers.PEERS else f"gdnlab {name}"
 
 
+def host_info() -> dict[str, Any]:
+    """The host's CPU model, its logical CPUs and the load average when the run starts: eager and host times
+    depend on the host, which a GPU's name does not say (speed notes item 65: every backend's host time doubled
+    between two H200 starts)."""
+    model = "?"
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), "?")
+    except OSError:
+        pass
+    load = os.getloadavg() if hasattr(os, "getloadavg") else ()
+    return dict(cpu=model, cpus=os.cpu_count(), load_average=[round(x, 2) for x in load])
+
+
 def env_info() -> dict[str, Any]:
     """The device (name, driver, clocks, memory, multiprocessors), the torch, Triton, CUDA versions, each peer's
     version or why it cannot run and the versions of the compilers they bring (TileLang, CuTe DSL), the commit
-    (GDNLAB_COMMIT, set by whoever sends the tree), the date, how eager calls are timed, and the registered
-    backends."""
+    (GDNLAB_COMMIT, set by whoever sends the tree), the host (host_info), the date, how eager calls are timed, and
+    the registered backends."""
     from gdnlab import peers
     smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,clocks.max.sm,memory.total",
                           "--format=csv,noheader"], capture_output=True, text=True).stdout.strip()
@@ -51,6 +65,6 @@ def env_info() -> dict[str, Any]:
                 nvidia_smi=smi, sms=p.multi_processor_count, torch=torch.__version__, triton=triton.__version__,
                 cuda=torch.version.cuda, peers=peers.peer_status(),
                 peer_dependencies=peers.dependency_versions(), commit=os.environ.get("GDNLAB_COMMIT", "?"),
-                python=sys.version.split()[0],
+                python=sys.version.split()[0], host=host_info(),
                 date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                 eager_method=EAGER_METHOD, backends=list(gdnlab.BACKENDS))

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import os
 from pathlib import Path
 
 import pytest
@@ -106,3 +107,10 @@ def test_in_situ_rows_name_the_output_layout_fast_ran():
     assert output_layout("fast", 1, 32768, 132) == plain
     assert output_layout("fast[out_chunks=2]", 8, 2048, 132) == dict(plain, out_chunks=2)
     assert output_layout("fla", 8, 2048, 132) == dict(out_chunks=None, fused_output=None, walk_t=None)
+
+
+def test_env_records_the_host_it_ran_on():
+    from benchmarks.env import host_info
+    h = host_info()
+    assert h["cpus"] == os.cpu_count() and isinstance(h["cpu"], str) and h["cpu"]
+    assert len(h["load_average"]) in (0, 3)
