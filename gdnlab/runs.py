@@ -109,10 +109,14 @@ def continued(run_id: str, device: str = "h200") -> list[str]:
 
 
 def load_chain(run_id: str, filename: str, device: str = "h200") -> pd.DataFrame:
-    """`filename` of `run_id` and of each run it carries on (:func:`continued`), one table, its rows tagged with
-    their run in column ``run_id``."""
-    return pd.concat([load(r, filename, device).assign(run_id=r) for r in continued(run_id, device)],
-                     ignore_index=True)
+    """`filename` of `run_id` and of each run it carries on (:func:`continued`) that holds it (one start's calls
+    need not all write it: its conformance, bench and sweep may be separate calls), one table, its rows tagged
+    with their run in column ``run_id``; RunError when no run of the chain holds it."""
+    chain = continued(run_id, device)
+    held = [r for r in chain if (data_dir(device) / r / filename).exists()]
+    if not held:
+        raise RunError(f"no run of {chain} holds {filename!r}")
+    return pd.concat([load(r, filename, device).assign(run_id=r) for r in held], ignore_index=True)
 
 
 def path(run_id: str, filename: str, device: str = "h200") -> Path:

@@ -105,6 +105,13 @@ def test_a_run_split_over_calls_is_read_back_as_its_chain(tmp_path, monkeypatch)
     assert runs.continued(b, "gpu") == [a, b] and runs.continued(a, "gpu") == [a]
     assert runs.load_chain(b, "bench.csv", "gpu").run_id.tolist() == [a, b]
     assert runs.runs("gpu").set_index("run_id").commit[a] == "abc1234"
+    conf = tmp_path / "conformance.csv"
+    conf.write_text("case,backend\nc1,fast\n")
+    c = runs.file_run("gpu", "field", "third call", [conf], {**env, "continues": b}, started="2026-01-02T03:20:00Z")
+    assert runs.load_chain(c, "bench.csv", "gpu").run_id.tolist() == [a, b]  # the call without a bench is skipped
+    assert runs.load_chain(c, "conformance.csv", "gpu").run_id.tolist() == [c]
+    with pytest.raises(runs.RunError, match="holds 'sweep.csv'"):
+        runs.load_chain(c, "sweep.csv", "gpu")
     (tmp_path / "gpu" / a / "env.json").write_text(json.dumps({**env, "continues": b}))
     with pytest.raises(runs.RunError, match="loops"):
         runs.continued(b, "gpu")
