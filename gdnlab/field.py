@@ -20,7 +20,7 @@ from gdnlab.verdict import growth_slope
 
 __all__ = ["PEER_NAMES", "load", "in_budget", "growth_slopes", "error_at", "speed_vs_fastest", "field_table",
            "peers_conform", "growth_like_two_kernel", "most_accurate", "fastest_by_shape", "fast_targets", "load_host",
-           "host_targets"]
+           "host_targets", "between_starts", "outputs_changed_between_starts"]
 
 #: The peer backends (gdnlab.peers) as the device tables name them.
 PEER_NAMES = tuple(PEERS)
@@ -201,6 +201,41 @@ def fastest_by_shape(bench: pd.DataFrame) -> Summary:
         winners = speed_table(bench, tm).idxmin(axis=1)
         parts.append(f"{label}: " + ", ".join(f"{s} {w}" for s, w in winners.items()))
     return Summary("Fastest per shape. " + "; ".join(parts) + ".")
+
+
+def between_starts(before: dict[str, pd.DataFrame], after: dict[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:
+    """How far each backend's own numbers move between two machine starts (each as :func:`load_card` gives it):
+    ``time``, its graph time in `after` over `before` at every shape both timed (rows: backends, columns: shapes);
+    ``outputs``, per backend in both sweeps, how many of the sweep's rows (regime, initial state, chunks) it ran in
+    both and at how many its output max error differs. The inputs are seeded, so the same computation gives the
+    same error: a differing error means a different computation ran, a differing time only means it ran at
+    another speed."""
+    g0, g1 = speed_table(before["bench"], "graph_ms"), speed_table(after["bench"], "graph_ms")
+    both = [b for b in g1.columns if b in g0.columns]
+    time = (g1[both] / g0[both]).dropna(how="all").T
+    key = ["backend", "regime", "initial_state", "n_chunks"]
+    s0, s1 = (d["sweep"][key + ["max_abs_err"]].dropna() for d in (before, after))
+    m = s0.merge(s1, on=key, suffixes=("_before", "_after"))
+    outputs = m.assign(differ=m.max_abs_err_before != m.max_abs_err_after).groupby("backend", sort=False).agg(
+        rows=("differ", "size"), rows_differ=("differ", "sum"))
+    return dict(time=time, outputs=outputs)
+
+
+def outputs_changed_between_starts(outputs: pd.DataFrame, changed: tuple[str, ...]) -> Finding:
+    """Exactly the backends in `changed` gave a different output error in some sweep row of the two starts
+    (:func:`between_starts`' ``outputs``), and every other backend of both gave the same error in every row."""
+    if outputs.empty:
+        raise _fail("outputs_changed_between_starts: no backend is in both sweeps", {})
+    moved = sorted(outputs.index[outputs.rows_differ > 0])
+    if moved != sorted(changed):
+        raise _fail(f"outputs_changed_between_starts: the backends whose errors differ are {moved}, not "
+                    f"{sorted(changed)}", outputs.to_dict("index"))
+    same = [b for b in outputs.index if b not in changed]
+    return Finding(f"With the same seeded inputs and versions, {', '.join(same) or 'no backend'} gave the same "
+                   f"error in every one of the sweep's rows in both starts (the same computation), and "
+                   f"{', '.join(changed) or 'no backend'} a different error in "
+                   + ", ".join(f"{int(outputs.rows_differ[b])} of {int(outputs.rows[b])}" for b in changed)
+                   + " rows (a different computation ran).", outputs.to_dict("index"))
 
 
 def _host_time(e: pd.DataFrame, g: pd.DataFrame, shape: str, host_us: float) -> list[dict]:

@@ -100,6 +100,23 @@ def relative_time_heatmap(rel: dict[str, pd.DataFrame]) -> Figure:
     return fig
 
 
+def start_ratio_heatmap(ratio: pd.DataFrame, label: str) -> Figure:
+    """A later machine start's time over an earlier one's (rows: backends, columns: shapes), coloured on a log scale
+    centred on 1: blue ran faster in the later start, red slower."""
+    span = max(float(np.nanmax(np.abs(np.log(ratio.values)))), np.log(1.05))
+    fig, ax = plt.subplots(figsize=(1.6 + 0.85 * ratio.shape[1], 1.2 + 0.45 * ratio.shape[0]))
+    sns.heatmap(ratio, annot=True, fmt=".2f", norm=LogNorm(vmin=np.exp(-span), vmax=np.exp(span)), cmap="RdBu_r",
+                ax=ax, cbar_kws={"label": "later / earlier"})
+    bar = ax.collections[0].colorbar
+    bar.set_ticks([t for t in (0.5, 0.67, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0) if abs(np.log(t)) <= span])
+    bar.ax.yaxis.set_major_formatter("{x:g}")
+    bar.ax.yaxis.set_minor_formatter(NullFormatter())
+    ax.set(title=label, xlabel="", ylabel="")
+    ax.tick_params(axis="y", labelrotation=0)
+    fig.tight_layout()
+    return fig
+
+
 def ratio_vs_chunks(ratios: pd.DataFrame, hue: str = "gate_decay") -> Figure:
     """Candidate/baseline error ratio vs chunk count (log x), one line per value of ``hue``."""
     d = ratios.copy()

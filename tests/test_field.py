@@ -85,12 +85,33 @@ def test_a_cards_field_run_reads_a_bench_cut_short_from_its_log():
     tg = field.fast_targets(d["bench"], d["sweep"])
     assert set(tg.device) == {"NVIDIA H100 80GB HBM3"}
     latest = field.load_card("h200")  # the latest start, read whole over the calls it took
-    assert set(latest["bench"].run_id) == set(runs.continued(runs.latest("h200", purpose="field"), "h200"))
+    assert set(latest["bench"].run_id) == set(_holding(runs.latest("h200", purpose="field"), "bench.csv"))
+
+
+def _holding(run_id: str, filename: str) -> list[str]:
+    """The runs of `run_id`'s chain (runs.continued) that hold `filename`."""
+    return [r for r in runs.continued(run_id, "h200") if (runs.data_dir("h200") / r / filename).exists()]
 
 
 def test_the_latest_field_start_is_read_whole_with_a_conformance_table():
     d = field.load("h200", purpose="field")
     bench_run = runs.latest("h200", purpose="field", has="bench.csv")
-    assert set(d["bench"].run_id) == set(runs.continued(bench_run, "h200"))
+    assert set(d["bench"].run_id) == set(_holding(bench_run, "bench.csv"))
     assert d["bench"].groupby("shape").backend.nunique().min() == d["bench"].backend.nunique()
     assert {"fast", *field.PEER_NAMES} <= set(d["conformance"].backend)
+
+
+def test_between_starts_tells_a_changed_computation_from_a_changed_speed():
+    def start(ms, err):
+        bench = load_bench_frame(pd.DataFrame(dict(B=[1, 1], T=[512, 512], tokens=[512, 512], backend=["x", "y"],
+                                                   graph_ms=ms)))
+        sweep = pd.DataFrame(dict(backend=["x", "y"], regime="slow_gate", initial_state=True, n_chunks=1024,
+                                  max_abs_err=err))
+        return dict(bench=bench, sweep=sweep)
+
+    d = field.between_starts(start([1.0, 2.0], [1e-3, 2e-3]), start([1.5, 2.0], [1e-3, 3e-3]))
+    assert d["time"].loc["x", "1x512"] == 1.5 and d["time"].loc["y", "1x512"] == 1.0
+    assert d["outputs"].rows_differ.to_dict() == {"x": 0, "y": 1}
+    assert "y a different error in 1 of 1" in field.outputs_changed_between_starts(d["outputs"], ("y",)).claim
+    with pytest.raises(AssertionError, match=r"differ are \['y'\], not \['x'\]"):
+        field.outputs_changed_between_starts(d["outputs"], ("x",))
