@@ -49,6 +49,20 @@ def fast_takes(options: Mapping[str, Any], cls: Sequence[str], shapes: Mapping[s
                    {"class": list(cls), "taken at": taken})
 
 
+def runs_as(bench: pd.DataFrame, candidate: str, shapes: Sequence[str]) -> Finding:
+    """After an adoption, on the device: fast's output is bit-equal to `candidate`'s at every shape of the class (the
+    bench's bit_equal_fast) and both replay equal to their output, so fast computes what the rule judged."""
+    rows = bench[(bench.backend == candidate) & bench["shape"].isin(list(shapes))]
+    missing = sorted(set(shapes) - set(rows["shape"]))
+    if not len(shapes) or missing or "bit_equal_fast" not in rows or not _true(rows.bit_equal_fast).all():
+        raise _fail(f"runs_as: fast is not bit-equal to {candidate} at every one of {', '.join(shapes)}",
+                    rows.set_index("shape").get("bit_equal_fast"))
+    for b in (candidate, "fast"):
+        _replays_equal(bench, b, shapes, "runs_as")
+    return Finding(f"fast's output is bit-equal to {candidate}'s at {', '.join(shapes)}, and both replay equal.",
+                   dict(shapes=list(shapes)))
+
+
 def speed_rule(bench: pd.DataFrame, candidate: str, shapes: Sequence[str], *, baseline: str = "fast",
                worst: float = 1.01, best: float = 0.97, timing: str = "graph_ms") -> Finding:
     """The speed half of an adoption rule: at every shape of the class (labels as gdnlab.speed.load_bench gives

@@ -22,7 +22,7 @@ from gdnlab.findings import Finding, Summary, _fail
 __all__ = ["default_bench", "timing_file", "timed_runs", "load_bench", "load_bench_frame", "speed_table",
            "Verdict", "paired_ratio_interval", "judge", "targets", "meets_target", "target_summary", "fix_is_free",
            "faster_eager", "versus", "time_vs_tokens", "floor_fraction", "far_from_floor", "stage_breakdown",
-           "stage_figure", "run_to_run", "ratio_by_run", "held_in_runs", "eager_over_graph", "paired_hides_host",
+           "kernel_times", "gives_back", "stage_figure", "run_to_run", "ratio_by_run", "held_in_runs", "eager_over_graph", "paired_hides_host",
            "dispatch_cost", "provenance"]
 
 TIMINGS = {"ms": "eager", "graph_ms": "graph"}
@@ -344,7 +344,7 @@ def floor_fraction(bench: pd.DataFrame, timing: str = "graph_ms") -> pd.DataFram
 
 
 #: Kernel-name fragments -> the pipeline stage they belong to (the lab's kernels and FLA 0.6's).
-STAGES = (("l2norm", "l2-norm"), ("prologue", "prologue"), ("cumsum", "prologue"), ("kkt", "prologue"),
+STAGES = (("l2norm", "l2-norm"), ("log_norm", "l2-norm"), ("prologue", "prologue"), ("cumsum", "prologue"), ("kkt", "prologue"),
           ("recompute_w_u", "prologue"), ("fwd_h", "state kernel"), ("kernel_h", "state kernel"),
           ("fwd_o", "output kernel"), ("kernel_o", "output kernel"))
 
@@ -368,24 +368,59 @@ def stage_breakdown(in_situ: str | Path | pd.DataFrame) -> pd.DataFrame:
     return t.loc[order]
 
 
+def kernel_times(in_situ: pd.DataFrame, kernel: str) -> pd.DataFrame:
+    """Microseconds per call of one kernel of an in-situ profile (rows: shapes in benchmark order, columns:
+    backends)."""
+    df = in_situ[in_situ.kernel == kernel]
+    if df.empty:
+        raise ValueError(f"kernel: no {kernel!r} in the profile (has {', '.join(sorted(set(in_situ.kernel.dropna())))})")
+    df = df.assign(shape=_shape_labels(df))
+    t = df.pivot_table(index="shape", columns="backend", values="us_per_call", aggfunc="sum", sort=False)
+    return t.loc[[s for s in _order(df.assign(tokens=df["tokens"].astype(int))) if s in t.index]]
+
+
+def gives_back(in_situ: pd.DataFrame, candidate: str, shapes: Sequence[str], *, baseline: str = "fast",
+               saves: str = "prologue_kernel", costs: str = "fwd_h_kernel") -> Finding:
+    """At each of `shapes`, `candidate`'s `saves` kernel takes less time than `baseline`'s and its `costs` kernel
+    more, by more than that saving: what the candidate moves from one kernel to another costs it more than it
+    saves (an in-situ profile; per-kernel device time, no overlap between kernels)."""
+    a, b = kernel_times(in_situ, saves), kernel_times(in_situ, costs)
+    missing = [s for s in shapes if s not in a.index or s not in b.index]
+    if not len(shapes) or missing or candidate not in a or baseline not in a:
+        raise _fail(f"gives_back: no {saves} and {costs} times of {candidate} and {baseline} at "
+                    f"{', '.join(missing) or 'an empty list of shapes'}", sorted(a.index))
+    saved = (a[baseline] - a[candidate]).loc[list(shapes)]
+    cost = (b[candidate] - b[baseline]).loc[list(shapes)]
+    numbers = pd.DataFrame({"saved_us": saved, "cost_us": cost}).round(1).to_dict("index")
+    if not ((saved > 0) & (cost > saved)).all():
+        raise _fail(f"gives_back: {candidate} does not lose in {costs} more than it saves in {saves} at every shape",
+                    numbers)
+    return Finding(f"{candidate} saves {', '.join(f'{v:.0f}' for v in saved)} us in {saves} at {', '.join(shapes)} "
+                   f"and loses {', '.join(f'{v:.0f}' for v in cost)} us in {costs}: more than it saves at each.",
+                   numbers)
+
+
 def stage_figure(breakdown: pd.DataFrame, shapes: list[str] | None = None) -> Figure:
     """Stacked bars: each backend's device time per stage, one panel per shape."""
     shapes = shapes or list(dict.fromkeys(breakdown.index.get_level_values(0)))
     stages = [c for c in ("l2-norm", "prologue", "state kernel", "output kernel", "other (torch)") if c in breakdown]
-    fig, axes = plt.subplots(1, len(shapes), figsize=(3.1 * len(shapes), 3.6), squeeze=False)
+    backends = list(dict.fromkeys(breakdown.index.get_level_values(1)))
+    label_in = max(map(len, backends)) * 0.075  # the backends' names, once, left of the first panel
+    fig, axes = plt.subplots(1, len(shapes), figsize=(label_in + 3.1 * len(shapes), 1.8 + 0.45 * len(backends)),
+                             squeeze=False, sharey=True)
     colors = dict(zip(stages, plt.rcParams["axes.prop_cycle"].by_key()["color"]))
     for ax, shape in zip(axes[0], shapes):
-        b = breakdown.loc[shape]
+        b = breakdown.loc[shape].reindex(backends).fillna(0.0)
         left = pd.Series(0.0, index=b.index)
         for st in stages:
             ax.barh(b.index, b[st], left=left, color=colors[st], label=st)
             left += b[st]
         ax.set(title=shape, xlabel="us per call")
-        ax.invert_yaxis()
+    axes[0][0].invert_yaxis()
     handles, labels = axes[0][0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncol=len(stages), fontsize=8, frameon=False)
     fig.suptitle("Where the device time of one call goes (in situ, graph-replayed)")
-    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    fig.tight_layout(rect=(0, 0.1, 1, 1))
     return fig
 
 

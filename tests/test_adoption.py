@@ -42,6 +42,18 @@ def test_speed_rule_passes_and_fails_as_written():
         adoption.speed_rule(_bench([1.0, 0.9, 0.9]), "cand", ["4x8192"])
 
 
+def test_runs_as_needs_bit_equality_and_equal_replays_at_every_shape():
+    b = _bench([1.0, 1.0, 1.0]).assign(bit_equal_fast=True)
+    assert "bit-equal to cand's at 8x2048, varlen" in adoption.runs_as(b, "cand", ["8x2048", "varlen"]).claim
+    unequal = b.assign(bit_equal_fast=b["shape"] != "varlen")
+    for bench, shapes in ((unequal, ["8x2048", "varlen"]), (b, ["4x8192"]), (b, []),
+                          (b.drop(columns="bit_equal_fast"), ["8x2048"])):
+        with pytest.raises(AssertionError, match="runs_as: fast is not bit-equal"):
+            adoption.runs_as(bench, "cand", shapes)
+    with pytest.raises(AssertionError, match="replays"):
+        adoption.runs_as(_bench([1.0, 1.0, 1.0], replays=False).assign(bit_equal_fast=True), "cand", ["8x2048"])
+
+
 def test_shortest_from_finds_where_the_tail_is_fast_enough():
     rows = []
     for T, r in ((512, 1.05), (2048, 0.98), (8192, 0.95), (32768, 0.90)):

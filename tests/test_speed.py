@@ -99,7 +99,7 @@ def test_committed_h200_bench_renders():
 def test_stage_breakdown_groups_kernels_by_stage():
     rows = [dict(backend=be, B=1, T=2048, tokens=2048, kernel=k, calls_per_call=c, us_per_call=us,
                  call_ms_profiled=span)
-            for be, span, ks in [("fast", 0.2, [("l2norm_kernel", 2, 9.5), ("prologue_kernel", 1, 70.25),
+            for be, span, ks in [("fast", 0.2, [("log_norm_kernel", 1, 9.5), ("prologue_kernel", 1, 70.25),
                                                 ("fwd_h_kernel", 1, 48.0), ("fwd_o_kernel", 1, 33.5)]),
                                  ("fla", 0.19, [("l2norm_fwd_kernel", 2, 10.0), ("chunk_local_cumsum_kernel", 1, 3.5),
                                                 ("chunk_gated_delta_rule_fwd_kkt_solve_kernel", 1, 38.0),
@@ -112,6 +112,7 @@ def test_stage_breakdown_groups_kernels_by_stage():
     assert t.loc[("1x2048", "fla"), "prologue"] == 3.5 + 38.0 + 20.0
     assert t.loc[("1x2048", "fla"), "other (torch)"] == 3.0
     assert t.loc[("1x2048", "fast"), "state kernel"] == 48.0
+    assert t.loc[("1x2048", "fast"), "l2-norm"] == 9.5 and t.loc[("1x2048", "fast"), "other (torch)"] == 0.0
     assert t.loc[("1x2048", "fast"), "kernels"] == 9.5 + 70.25 + 48.0 + 33.5
     assert math.isclose(t.loc[("1x2048", "fast"), "call (profiled)"], 200.0)
     assert speed.stage_figure(t).axes
@@ -194,3 +195,23 @@ def test_ratio_table_is_each_candidate_over_the_baseline():
     assert t["fla / fast"].tolist() == pytest.approx([1.25, 1.25]) and t["auto / fast"].tolist() == [1.0, 1.0]
     with pytest.raises(ValueError, match="no graph_ms of nope"):
         speed.ratio_table(_synthetic(), ["nope"])
+
+
+def test_gives_back_holds_only_where_the_cost_exceeds_the_saving():
+    def profile(cand_prologue, cand_walk):
+        return pd.DataFrame([dict(backend=be, B=1, T=T, tokens=T, kernel=k, us_per_call=us)
+                             for T in (8192, 32768)
+                             for be, p, w in (("fast", 200.0, 100.0), ("cand", cand_prologue, cand_walk))
+                             for k, us in (("prologue_kernel", p), ("fwd_h_kernel", w))])
+
+    t = speed.kernel_times(profile(120.0, 190.0), "prologue_kernel")
+    assert list(t.index) == ["1x8192", "1x32768"] and t.loc["1x8192", "cand"] == 120.0
+    f = speed.gives_back(profile(120.0, 190.0), "cand", ["1x8192", "1x32768"])
+    assert f.numbers["1x8192"] == {"saved_us": 80.0, "cost_us": 90.0}
+    for p, w in ((120.0, 170.0), (210.0, 190.0)):  # the walk costs less than the saving; the prologue saves nothing
+        with pytest.raises(AssertionError, match="gives_back: cand does not lose"):
+            speed.gives_back(profile(p, w), "cand", ["1x8192", "1x32768"])
+    with pytest.raises(AssertionError, match="no prologue_kernel"):
+        speed.gives_back(profile(120.0, 190.0), "cand", ["8x2048"])
+    with pytest.raises(ValueError, match="no 'fwd_o_kernel'"):
+        speed.kernel_times(profile(120.0, 190.0), "fwd_o_kernel")
