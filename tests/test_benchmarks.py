@@ -114,3 +114,18 @@ def test_env_records_the_host_it_ran_on():
     h = host_info()
     assert h["cpus"] == os.cpu_count() and isinstance(h["cpu"], str) and h["cpu"]
     assert len(h["load_average"]) in (0, 3)
+
+
+def test_peer_modes_hashes_the_same_computation_alike_and_refuses_bad_shapes(tmp_path):
+    from benchmarks import peer_modes
+    for bad in ("32768", "1x", "0x64", "ax64"):
+        with pytest.raises(ValueError, match="BxT"):
+            peer_modes.parse_shape(bad)
+    heads = dict(H=1, HV=2, K=16, V=16)
+    alone = peer_modes.run_scenario("alone", "two_kernel", [(1, 20)], heads, "cpu")
+    grad = peer_modes.run_scenario("grad", "two_kernel", [(1, 20)], heads, "cpu")
+    other = peer_modes.run_scenario("alone", "reference", [(1, 20)], heads, "cpu")
+    assert alone[0]["sha256"] == grad[0]["sha256"] and not alone[0]["error"]  # the same kernels, the same bits
+    assert other[0]["sha256"] != alone[0]["sha256"]  # another computation, another hash
+    with pytest.raises(SystemExit):
+        peer_modes.main(["--out", str(tmp_path), "--scenarios", "nope", "--device", "cpu"])

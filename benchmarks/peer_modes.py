@@ -1,0 +1,146 @@
+"""`python -m benchmarks.peer_modes --out DIR`: whether a backend computes the same numbers, as fast, whatever its
+process ran before and however its inputs are marked.
+
+Written for FlashQLA's two modes (docs/peers.md, speed notes item 68): with the same versions and seeded inputs it
+ran one of two computations per machine start. Each scenario runs in its own Python process on the same seeded inputs
+(seed 0 at every shape): first what the scenario runs before (nothing, calls at a conformance case's size, or one call
+of 65536 tokens at the sweep's heads), then the backend at each shape, with the scenario's options or with q, k and v
+requiring grad. modes.csv holds, per scenario and shape, the graph-replayed and eager median ms and a sha256 of the
+output's bytes: equal hashes are the same computation. env.json is written as every benchmarks run writes it.
+
+    python -m benchmarks.peer_modes --out /tmp/modes --backend flashqla --shapes 1x32768,8x2048
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from typing import Any
+
+#: What each scenario runs first (backend calls at (B, T, heads)), and how it then calls the backend.
+SCENARIOS: dict[str, dict[str, Any]] = {
+    "alone": {},
+    "after-small": {"before": [(2, 100, dict(H=4, HV=8, K=128, V=128))]},
+    "after-long": {"before": [(1, 65536, dict(H=4, HV=8, K=128, V=128))]},
+    "grad": {"grad": True},
+    "no-auto-cp": {"options": {"auto_cp": False}},
+}
+#: The scenarios that pass backend options only FlashQLA takes.
+FLASHQLA_ONLY = ("no-auto-cp",)
+
+
+def parse_shape(label: str) -> tuple[int, int]:
+    """"BxT" as two positive integers; anything else is refused naming the label."""
+    b, sep, t = label.partition("x")
+    if not sep or not b.isdigit() or not t.isdigit() or int(b) < 1 or int(t) < 1:
+        raise ValueError(f"shapes: expected BxT with positive integers (1x32768), got {label!r}")
+    return int(b), int(t)
+
+
+def output_hash(o: Any) -> str:
+    """sha256 of a tensor's bytes as stored (bf16 compared bit for bit)."""
+    import torch
+    return hashlib.sha256(o.detach().contiguous().view(torch.uint8).cpu().numpy().tobytes()).hexdigest()
+
+
+def run_scenario(scenario: str, backend: str, shapes: list[tuple[int, int]], heads: dict[str, int],
+                 device: str) -> list[dict[str, Any]]:
+    """In this process: the scenario's calls first, then `backend` at each shape on seed-0 inputs. One row per
+    shape: ms (eager median, CUDA only), graph_ms (CUDA only; nan where capture fails), the output's hash."""
+    import torch
+
+    import gdnlab
+    from gdnlab.inputs import make_inputs
+
+    spec = SCENARIOS[scenario]
+    options = dict(spec.get("options", {}))
+
+    def call(inp: Any) -> Any:
+        kw = inp.kwargs()
+        if spec.get("grad"):
+            kw.update({n: kw[n].detach().requires_grad_(True) for n in ("q", "k", "v")})
+        out = gdnlab.chunk_gated_delta_rule(**kw, backend=backend, **options)
+        return out[0] if isinstance(out, tuple) else out
+
+    for B, T, h in spec.get("before", []):
+        call(make_inputs(B=B, T=T, seed=1, device=device, **h))
+    rows = []
+    for B, T in shapes:
+        inp = make_inputs(B=B, T=T, seed=0, device=device, **heads)
+        row: dict[str, Any] = dict(scenario=scenario, backend=backend, B=B, T=T, ms=float("nan"),
+                                   graph_ms=float("nan"), error="")
+        try:
+            row["sha256"] = output_hash(call(inp))
+            if device == "cuda":
+                import triton
+
+                from benchmarks.timing import capture
+                row["ms"] = triton.testing.do_bench(lambda: call(inp), warmup=10, rep=50, return_mode="median")
+                try:
+                    row["graph_ms"] = triton.testing.do_bench(capture([lambda: call(inp)])[0].replay, warmup=10,
+                                                              rep=50, return_mode="median")
+                except Exception as e:  # noqa: BLE001 (a backend that cannot be captured keeps its eager time)
+                    row["error"] = f"capture: {e!r}"[:200]
+        except Exception as e:  # noqa: BLE001
+            row["error"] = repr(e)[:300]
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.peer_modes", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True, help="folder for env.json and modes.csv")
+    ap.add_argument("--backend", default="flashqla")
+    ap.add_argument("--shapes", default="1x32768,8x2048", help="comma list of BxT")
+    ap.add_argument("--scenarios", default="", help=f"comma list of {', '.join(SCENARIOS)} (default: all that "
+                                                     "the backend takes)")
+    ap.add_argument("--heads", default="16,32,128,128", help="H,HV,K,V (default: the Qwen3-Next layer's)")
+    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    ap.add_argument("--child", default="", help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+    try:
+        shapes = [parse_shape(s) for s in a.shapes.split(",") if s]
+        heads = dict(zip(("H", "HV", "K", "V"), (int(x) for x in a.heads.split(","))))
+    except ValueError as e:
+        ap.error(str(e))
+    if len(heads) != 4:
+        ap.error(f"heads: expected H,HV,K,V, got {a.heads!r}")
+    if a.child:
+        rows = run_scenario(a.child, a.backend, shapes, heads, a.device)
+        with open(os.path.join(a.out, f"{a.child}.json"), "w") as f:
+            json.dump(rows, f)
+        return 0
+    scenarios = [s for s in a.scenarios.split(",") if s] or [
+        s for s in SCENARIOS if a.backend == "flashqla" or s not in FLASHQLA_ONLY]
+    unknown = [s for s in scenarios if s not in SCENARIOS]
+    if unknown:
+        ap.error(f"scenarios: unknown {', '.join(unknown)}; known: {', '.join(SCENARIOS)}")
+    os.makedirs(a.out, exist_ok=True)
+    if a.device == "cuda":
+        from benchmarks.env import env_info
+        with open(os.path.join(a.out, "env.json"), "w") as f:
+            json.dump(env_info(), f, indent=1)
+    import pandas as pd
+    rows: list[dict[str, Any]] = []
+    for s in scenarios:
+        r = subprocess.run([sys.executable, "-m", "benchmarks.peer_modes", "--child", s, "--out", a.out,
+                            "--backend", a.backend, "--shapes", a.shapes, "--heads", a.heads, "--device", a.device])
+        got = os.path.join(a.out, f"{s}.json")
+        if r.returncode == 0 and os.path.exists(got):
+            with open(got) as f:
+                rows += json.load(f)
+            os.remove(got)
+        else:
+            rows.append(dict(scenario=s, backend=a.backend, error=f"process exited {r.returncode}"))
+    df = pd.DataFrame(rows)
+    df.to_csv(os.path.join(a.out, "modes.csv"), index=False)
+    print(df.to_string(), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
