@@ -29,8 +29,12 @@ def shapes_where(shapes: Mapping[str, Sequence[int]], *, HV: int, V: int, sms: i
 
 
 def _replays_equal(bench: pd.DataFrame, candidate: str, shapes: Sequence[str], rule: str) -> None:
-    """Raise (naming `rule`) unless every replay of `candidate` at `shapes` equalled its output."""
+    """Raise (naming `rule`) unless `candidate` was timed at every one of `shapes` and every replay there equalled
+    its output."""
     rows = bench[(bench.backend == candidate) & bench["shape"].isin(list(shapes))]
+    if set(shapes) - set(rows["shape"]):
+        raise _fail(f"{rule}: no {candidate} rows at {', '.join(sorted(set(shapes) - set(rows['shape'])))}",
+                    sorted(set(bench.backend)))
     if "replays_equal" not in rows or not _true(rows.replays_equal).all():
         raise _fail(f"{rule}: {candidate}'s replays do not all equal its output", rows.get("replays_equal"))
 

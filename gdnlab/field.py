@@ -8,6 +8,7 @@ backend), sweep.csv (error vs chunk count to 1024 chunks) and bench.csv (eager a
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import numpy as np
 import pandas as pd
@@ -206,22 +207,27 @@ def fastest_by_shape(bench: pd.DataFrame) -> Summary:
 def between_starts(before: dict[str, pd.DataFrame], after: dict[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:
     """How far each backend's own numbers move between two machine starts (each as :func:`load_card` gives it):
     ``time``, its graph time in `after` over `before` at every shape both timed (rows: backends, columns: shapes);
-    ``outputs``, per backend in both sweeps, how many of the sweep's rows (regime, initial state, chunks) it ran in
-    both and at how many its output max error differs. The inputs are seeded, so the same computation gives the
+    ``outputs``, per backend in both sweeps, how many rows of the sweep (its inputs: regime, gates, heads, initial
+    state, length, chunks) either start holds and at how many its output max error differs (a row only one start
+    holds, or a missing error, counts as differing). The inputs are seeded, so the same computation gives the
     same error: a differing error means a different computation ran, a differing time only means it ran at
     another speed."""
     g0, g1 = speed_table(before["bench"], "graph_ms"), speed_table(after["bench"], "graph_ms")
     both = [b for b in g1.columns if b in g0.columns]
     time = (g1[both] / g0[both]).dropna(how="all").T
-    key = ["backend", "regime", "initial_state", "n_chunks"]
-    s0, s1 = (d["sweep"][key + ["max_abs_err"]].dropna() for d in (before, after))
-    m = s0.merge(s1, on=key, suffixes=("_before", "_after"))
-    outputs = m.assign(differ=m.max_abs_err_before != m.max_abs_err_after).groupby("backend", sort=False).agg(
-        rows=("differ", "size"), rows_differ=("differ", "sum"))
+    inputs = [c for c in ("regime", "decay", "gate_decay", "h0_scale", "H", "HV", "K", "V", "initial_state",
+                          "seq_len", "n_chunks") if c in before["sweep"] and c in after["sweep"]]
+    s0, s1 = (d["sweep"][["backend", *inputs, "max_abs_err"]] for d in (before, after))
+    m = s0.merge(s1, on=["backend", *inputs], how="outer", suffixes=("_before", "_after"), validate="one_to_one",
+                 indicator=True)
+    m = m[m.backend.isin(set(s0.backend) & set(s1.backend))]
+    differ = (m.max_abs_err_before != m.max_abs_err_after) | m.max_abs_err_before.isna() | (m["_merge"] != "both")
+    outputs = m.assign(differ=differ).groupby("backend", sort=False).agg(rows=("differ", "size"),
+                                                                        rows_differ=("differ", "sum"))
     return dict(time=time, outputs=outputs)
 
 
-def outputs_changed_between_starts(outputs: pd.DataFrame, changed: tuple[str, ...]) -> Finding:
+def outputs_changed_between_starts(outputs: pd.DataFrame, changed: Sequence[str]) -> Finding:
     """Exactly the backends in `changed` gave a different output error in some sweep row of the two starts
     (:func:`between_starts`' ``outputs``), and every other backend of both gave the same error in every row."""
     if outputs.empty:
@@ -231,7 +237,7 @@ def outputs_changed_between_starts(outputs: pd.DataFrame, changed: tuple[str, ..
         raise _fail(f"outputs_changed_between_starts: the backends whose errors differ are {moved}, not "
                     f"{sorted(changed)}", outputs.to_dict("index"))
     same = [b for b in outputs.index if b not in changed]
-    return Finding(f"With the same seeded inputs and versions, {', '.join(same) or 'no backend'} gave the same "
+    return Finding(f"With the same seeded inputs, {', '.join(same) or 'no backend'} gave the same "
                    f"error in every one of the sweep's rows in both starts (the same computation), and "
                    f"{', '.join(changed) or 'no backend'} a different error in "
                    + ", ".join(f"{int(outputs.rows_differ[b])} of {int(outputs.rows[b])}" for b in changed)

@@ -103,6 +103,8 @@ def relative_time_heatmap(rel: dict[str, pd.DataFrame]) -> Figure:
 def start_ratio_heatmap(ratio: pd.DataFrame, label: str) -> Figure:
     """A later machine start's time over an earlier one's (rows: backends, columns: shapes), coloured on a log scale
     centred on 1: blue ran faster in the later start, red slower."""
+    if not np.isfinite(ratio.values).any():
+        raise ValueError("start_ratio_heatmap: no finite ratio to draw")
     span = max(float(np.nanmax(np.abs(np.log(ratio.values)))), np.log(1.05))
     fig, ax = plt.subplots(figsize=(1.6 + 0.85 * ratio.shape[1], 1.2 + 0.45 * ratio.shape[0]))
     sns.heatmap(ratio, annot=True, fmt=".2f", norm=LogNorm(vmin=np.exp(-span), vmax=np.exp(span)), cmap="RdBu_r",

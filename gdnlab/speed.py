@@ -373,7 +373,8 @@ def kernel_times(in_situ: pd.DataFrame, kernel: str) -> pd.DataFrame:
     backends)."""
     df = in_situ[in_situ.kernel == kernel]
     if df.empty:
-        raise ValueError(f"kernel: no {kernel!r} in the profile (has {', '.join(sorted(set(in_situ.kernel.dropna())))})")
+        held = ", ".join(sorted(set(in_situ.kernel.dropna())))
+        raise ValueError(f"kernel_times: no {kernel!r} in the profile (it has {held})")
     df = df.assign(shape=_shape_labels(df))
     t = df.pivot_table(index="shape", columns="backend", values="us_per_call", aggfunc="sum", sort=False)
     return t.loc[[s for s in _order(df.assign(tokens=df["tokens"].astype(int))) if s in t.index]]
@@ -383,12 +384,19 @@ def gives_back(in_situ: pd.DataFrame, candidate: str, shapes: Sequence[str], *, 
                saves: str = "prologue_kernel", costs: str = "fwd_h_kernel") -> Finding:
     """At each of `shapes`, `candidate`'s `saves` kernel takes less time than `baseline`'s and its `costs` kernel
     more, by more than that saving: what the candidate moves from one kernel to another costs it more than it
-    saves (an in-situ profile; per-kernel device time, no overlap between kernels)."""
-    a, b = kernel_times(in_situ, saves), kernel_times(in_situ, costs)
-    missing = [s for s in shapes if s not in a.index or s not in b.index]
-    if not len(shapes) or missing or candidate not in a or baseline not in a:
-        raise _fail(f"gives_back: no {saves} and {costs} times of {candidate} and {baseline} at "
-                    f"{', '.join(missing) or 'an empty list of shapes'}", sorted(a.index))
+    saves (an in-situ profile: each kernel's device time inside one call; the kernels run one after another, so
+    their times add)."""
+    if not len(shapes):
+        raise _fail("gives_back: no shapes to judge", {})
+    try:
+        a, b = kernel_times(in_situ, saves), kernel_times(in_situ, costs)
+    except ValueError as e:
+        raise _fail(f"gives_back: {e}", {}) from e
+    for t, kernel in ((a, saves), (b, costs)):
+        absent = [x for x in (candidate, baseline) if x not in t] + [s for s in shapes if s not in t.index]
+        if absent:
+            raise _fail(f"gives_back: no {kernel} time of {', '.join(absent)}", dict(backends=list(t.columns),
+                                                                                    shapes=list(t.index)))
     saved = (a[baseline] - a[candidate]).loc[list(shapes)]
     cost = (b[candidate] - b[baseline]).loc[list(shapes)]
     numbers = pd.DataFrame({"saved_us": saved, "cost_us": cost}).round(1).to_dict("index")

@@ -52,6 +52,8 @@ def test_runs_as_needs_bit_equality_and_equal_replays_at_every_shape():
             adoption.runs_as(bench, "cand", shapes)
     with pytest.raises(AssertionError, match="replays"):
         adoption.runs_as(_bench([1.0, 1.0, 1.0], replays=False).assign(bit_equal_fast=True), "cand", ["8x2048"])
+    with pytest.raises(AssertionError, match="no fast rows at 8x2048"):  # fast itself must have run there
+        adoption.runs_as(b[b.backend != "fast"], "cand", ["8x2048"])
 
 
 def test_shortest_from_finds_where_the_tail_is_fast_enough():

@@ -84,19 +84,15 @@ def test_a_cards_field_run_reads_a_bench_cut_short_from_its_log():
     assert "4x8192" not in set(d["bench"]["shape"]) and {"fast", *field.PEER_NAMES} <= set(d["bench"].backend)
     tg = field.fast_targets(d["bench"], d["sweep"])
     assert set(tg.device) == {"NVIDIA H100 80GB HBM3"}
-    latest = field.load_card("h200")  # the latest start, read whole over the calls it took
-    assert set(latest["bench"].run_id) == set(_holding(runs.latest("h200", purpose="field"), "bench.csv"))
-
-
-def _holding(run_id: str, filename: str) -> list[str]:
-    """The runs of `run_id`'s chain (runs.continued) that hold `filename`."""
-    return [r for r in runs.continued(run_id, "h200") if (runs.data_dir("h200") / r / filename).exists()]
+    start = field.load_card("h200", "2026-12-07T2029-field")  # a start of four calls: conformance, two benches, sweep
+    assert set(start["bench"].run_id) == {"2026-12-07T2019-field", "2026-12-07T2024-field"}
+    assert set(start["sweep"].run_id) == {"2026-12-07T2029-field"}
 
 
 def test_the_latest_field_start_is_read_whole_with_a_conformance_table():
     d = field.load("h200", purpose="field")
     bench_run = runs.latest("h200", purpose="field", has="bench.csv")
-    assert set(d["bench"].run_id) == set(_holding(bench_run, "bench.csv"))
+    assert bench_run in set(d["bench"].run_id) <= set(runs.continued(bench_run, "h200"))
     assert d["bench"].groupby("shape").backend.nunique().min() == d["bench"].backend.nunique()
     assert {"fast", *field.PEER_NAMES} <= set(d["conformance"].backend)
 
@@ -112,6 +108,13 @@ def test_between_starts_tells_a_changed_computation_from_a_changed_speed():
     d = field.between_starts(start([1.0, 2.0], [1e-3, 2e-3]), start([1.5, 2.0], [1e-3, 3e-3]))
     assert d["time"].loc["x", "1x512"] == 1.5 and d["time"].loc["y", "1x512"] == 1.0
     assert d["outputs"].rows_differ.to_dict() == {"x": 0, "y": 1}
+    later = start([1.5, 2.0], [1e-3, 2e-3])  # a sweep row only the later start holds counts as differing
+    later["sweep"] = pd.concat([later["sweep"], later["sweep"].iloc[:1].assign(n_chunks=512)], ignore_index=True)
+    later["bench"] = pd.concat([later["bench"], load_bench_frame(pd.DataFrame(dict(B=[1], T=[1024], tokens=[1024],
+                                                                                   backend=["z"], graph_ms=[1.0])))])
+    d2 = field.between_starts(start([1.0, 2.0], [1e-3, 2e-3]), later)
+    assert d2["outputs"].to_dict("index") == {"x": {"rows": 2, "rows_differ": 1}, "y": {"rows": 1, "rows_differ": 0}}
+    assert "z" not in d2["time"].index  # a backend only one start timed has no ratio
     assert "y a different error in 1 of 1" in field.outputs_changed_between_starts(d["outputs"], ("y",)).claim
     with pytest.raises(AssertionError, match=r"differ are \['y'\], not \['x'\]"):
         field.outputs_changed_between_starts(d["outputs"], ("x",))

@@ -211,7 +211,15 @@ def test_gives_back_holds_only_where_the_cost_exceeds_the_saving():
     for p, w in ((120.0, 170.0), (210.0, 190.0)):  # the walk costs less than the saving; the prologue saves nothing
         with pytest.raises(AssertionError, match="gives_back: cand does not lose"):
             speed.gives_back(profile(p, w), "cand", ["1x8192", "1x32768"])
-    with pytest.raises(AssertionError, match="no prologue_kernel"):
+    with pytest.raises(AssertionError, match="no prologue_kernel time of 8x2048"):
         speed.gives_back(profile(120.0, 190.0), "cand", ["8x2048"])
-    with pytest.raises(ValueError, match="no 'fwd_o_kernel'"):
+    with pytest.raises(AssertionError, match="no prologue_kernel time of other"):
+        speed.gives_back(profile(120.0, 190.0), "other", ["1x8192"])
+    walkless = profile(120.0, 190.0)
+    walkless = walkless[~((walkless.backend == "cand") & (walkless.kernel == "fwd_h_kernel"))]
+    with pytest.raises(AssertionError, match="no fwd_h_kernel time of cand"):
+        speed.gives_back(walkless, "cand", ["1x8192"])
+    with pytest.raises(AssertionError, match="no 'fwd_o_kernel'"):
+        speed.gives_back(profile(120.0, 190.0), "cand", ["1x8192"], costs="fwd_o_kernel")
+    with pytest.raises(ValueError, match="kernel_times: no 'fwd_o_kernel'"):
         speed.kernel_times(profile(120.0, 190.0), "fwd_o_kernel")
