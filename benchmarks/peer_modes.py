@@ -6,8 +6,9 @@ ran one of two computations per machine start. Each scenario runs in its own Pyt
 (seed 0 at every shape) and with a TileLang kernel cache of its own (TILELANG_CACHE_DIR, empty at its start: the one
 state known to outlive a process): first what the scenario runs before (nothing, calls at a conformance case's size,
 or one call of 65536 tokens at the sweep's heads, in the same process or in one before it that shares its cache),
-then the backend at each shape, with the scenario's options or with q, k and v requiring grad. modes.csv holds, per scenario and shape, the graph-replayed and eager median ms and a sha256 of the
-output's bytes: equal hashes are the same computation. env.json is written as every benchmarks run writes it.
+then the backend at each shape, with the scenario's options or with q, k and v requiring grad. modes.csv holds, per
+scenario and shape, the graph-replayed and eager median ms and a sha256 of the output's bytes: equal hashes are the
+same computation. env.json is written as every benchmarks run writes it.
 
     python -m benchmarks.peer_modes --out /tmp/modes --backend flashqla --shapes 1x32768,8x2048
 """

@@ -22,8 +22,8 @@ from gdnlab.findings import Finding, Summary, _fail
 __all__ = ["default_bench", "timing_file", "timed_runs", "load_bench", "load_bench_frame", "speed_table",
            "Verdict", "paired_ratio_interval", "judge", "targets", "meets_target", "target_summary", "fix_is_free",
            "faster_eager", "versus", "time_vs_tokens", "floor_fraction", "far_from_floor", "stage_breakdown",
-           "kernel_times", "gives_back", "stage_figure", "run_to_run", "ratio_by_run", "held_in_runs", "eager_over_graph", "paired_hides_host",
-           "dispatch_cost", "provenance"]
+           "kernel_times", "gives_back", "stage_figure", "run_to_run", "ratio_by_run", "held_in_runs",
+           "eager_over_graph", "paired_hides_host", "dispatch_cost", "provenance"]
 
 TIMINGS = {"ms": "eager", "graph_ms": "graph"}
 #: The timing method (RUNS.csv; bench.csv's eager_method column) of runs whose every eager sample starts from an
@@ -344,8 +344,8 @@ def floor_fraction(bench: pd.DataFrame, timing: str = "graph_ms") -> pd.DataFram
 
 
 #: Kernel-name fragments -> the pipeline stage they belong to (the lab's kernels and FLA 0.6's).
-STAGES = (("l2norm", "l2-norm"), ("log_norm", "l2-norm"), ("prologue", "prologue"), ("cumsum", "prologue"), ("kkt", "prologue"),
-          ("recompute_w_u", "prologue"), ("fwd_h", "state kernel"), ("kernel_h", "state kernel"),
+STAGES = (("l2norm", "l2-norm"), ("log_norm", "l2-norm"), ("prologue", "prologue"), ("cumsum", "prologue"),
+          ("kkt", "prologue"), ("recompute_w_u", "prologue"), ("fwd_h", "state kernel"), ("kernel_h", "state kernel"),
           ("fwd_o", "output kernel"), ("kernel_o", "output kernel"))
 
 
