@@ -60,17 +60,10 @@ def load_card(device: str, run: str | None = None) -> dict[str, pd.DataFrame]:
     carries on (runs.continued), each table with its run id in column ``run_id``. A run's bench is its bench.csv,
     or where the call's time limit cut the bench before bench.csv was written after every shape, bench_log.csv
     (the medians its log printed for the shapes it finished)."""
-    chain = runs.continued(run or runs.latest(device, purpose="field"), device)
-    held = {r: {f.name for f in (runs.data_dir(device) / r).iterdir()} for r in chain}
-    with_sweep = [r for r in chain if "sweep.csv" in held[r]]
-    if not with_sweep:
-        raise runs.RunError(f"field start {chain[-1]!r} of {device} has no sweep.csv")
-    bench = [runs.load(r, f, device).assign(run_id=r) for r in chain
-             for f in [next((f for f in ("bench.csv", "bench_log.csv") if f in held[r]), None)] if f]
-    if not bench:
-        raise runs.RunError(f"field start {chain[-1]!r} of {device} has no bench")
-    return {"sweep": runs.load(with_sweep[-1], "sweep.csv", device).assign(run_id=with_sweep[-1]),
-            "bench": load_bench_frame(pd.concat(bench, ignore_index=True))}
+    run = run or runs.latest(device, purpose="field")
+    sweep = runs.load_chain(run, "sweep.csv", device)
+    return {"sweep": sweep[sweep.run_id == sweep.run_id.iloc[-1]],
+            "bench": load_bench_frame(runs.load_chain(run, ("bench.csv", "bench_log.csv"), device))}
 
 
 # ---- tables -------------------------------------------------------------------------------------------------------

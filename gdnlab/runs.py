@@ -15,6 +15,7 @@ import datetime
 import json
 import shutil
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
 
 import pandas as pd
@@ -108,15 +109,18 @@ def continued(run_id: str, device: str = "h200") -> list[str]:
     return chain
 
 
-def load_chain(run_id: str, filename: str, device: str = "h200") -> pd.DataFrame:
+def load_chain(run_id: str, filename: str | Sequence[str], device: str = "h200") -> pd.DataFrame:
     """`filename` of `run_id` and of each run it carries on (:func:`continued`) that holds it (one start's calls
     need not all write it: its conformance, bench and sweep may be separate calls), one table, its rows tagged
-    with their run in column ``run_id``; RunError when no run of the chain holds it."""
+    with their run in column ``run_id``; several names: each run's first that it holds (a bench.csv, or the
+    bench_log.csv of a bench the call's time limit cut). RunError when no run of the chain holds one."""
+    names = (filename,) if isinstance(filename, str) else tuple(filename)
     chain = continued(run_id, device)
-    held = [r for r in chain if (data_dir(device) / r / filename).exists()]
+    held = [(r, f) for r in chain for f in [next((n for n in names if (data_dir(device) / r / n).exists()), None)]
+            if f]
     if not held:
-        raise RunError(f"no run of {chain} holds {filename!r}")
-    return pd.concat([load(r, filename, device).assign(run_id=r) for r in held], ignore_index=True)
+        raise RunError(f"no run of {chain} holds {' or '.join(map(repr, names))}")
+    return pd.concat([load(r, f, device).assign(run_id=r) for r, f in held], ignore_index=True)
 
 
 def path(run_id: str, filename: str, device: str = "h200") -> Path:

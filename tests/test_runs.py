@@ -112,6 +112,9 @@ def test_a_run_split_over_calls_is_read_back_as_its_chain(tmp_path, monkeypatch)
     assert runs.load_chain(c, "conformance.csv", "gpu").run_id.tolist() == [c]
     with pytest.raises(runs.RunError, match="holds 'sweep.csv'"):
         runs.load_chain(c, "sweep.csv", "gpu")
+    # several names: each run's first that it holds (a bench cut short wrote bench_log.csv)
+    assert runs.load_chain(c, ("sweep.csv", "conformance.csv"), "gpu").run_id.tolist() == [c]
+    assert runs.load_chain(c, ("bench_log.csv", "bench.csv"), "gpu").run_id.tolist() == [a, b]
     (tmp_path / "gpu" / a / "env.json").write_text(json.dumps({**env, "continues": b}))
     with pytest.raises(runs.RunError, match="loops"):
         runs.continued(b, "gpu")
