@@ -54,9 +54,7 @@ def _triton(path: str, by_size: Callable[[int, int, int], dict[str, Any]] | None
     kernel stores only those h; item 53), and `fused_output` (the state kernel writes the output itself, with the
     output kernel's roundings: no h or V_new in memory, no output kernel, and none of OUTPUT_KERNEL_OPTIONS;
     item 55), and `walk_k_once` (with walk_t, the state kernel loads each chunk's K tiles once, for K S and the
-    state update; the same numbers; item 59), and `walk_tw` (the prologue stores T and W, not U, and the state kernel
-    forms V_new = T diag(beta) V - W S: U's product moved into the walk, off its chain through the state, and not
-    rounded; item 70).
+    state update; the same numbers; item 59).
     `by_size(programs, walkers, sms)` gives defaults that depend on the call: programs = chunks x value heads (the
     prologue's grid), walkers = the state kernel's programs (sequences x value heads x V tiles), sms = the device's
     multiprocessors. Options passed to the call override both."""
@@ -88,8 +86,7 @@ def _triton(path: str, by_size: Callable[[int, int, int], dict[str, Any]] | None
             {"downcast", "intra_vnew"} if path == "fused" else {"out_BV", "out_warps", "out_stages", "norm_q_in_output",
                                                                  "index64", "fold_norm", "split_wu",
                                                                  "out_programs", "out_tma", "walk_t",
-                                                                 "out_chunks", "fused_output", "walk_k_once",
-                                                                 "walk_tw"})
+                                                                 "out_chunks", "fused_output", "walk_k_once"})
         unknown = set(opts) - allowed
         if unknown:
             raise TypeError(f"options: {path} backend does not take {sorted(unknown)}; it takes {sorted(allowed)}")
@@ -111,7 +108,6 @@ def _triton(path: str, by_size: Callable[[int, int, int], dict[str, Any]] | None
             fold = False  # a norm placement asked for explicitly overrides the default fold (auto's fuse_norm)
         if fold:  # the size rule's norm placement gives way; both asked for explicitly are refused by the prologue
             opts["norm_q_in_output"] = bool(options.get("norm_q_in_output", False))
-        tw = bool(opts.pop("walk_tw", False))
         pro = pipeline.prologue(x, use_qk_l2norm_in_kernel, poison, fuse_norm=bool(opts.pop("fuse_norm", False)),
                                 num_warps=int(opts.pop("prologue_warps", 4)),
                                 solve=opts.pop("prologue_solve", SOLVE),
@@ -122,7 +118,7 @@ def _triton(path: str, by_size: Callable[[int, int, int], dict[str, Any]] | None
                                 stages=int(opts.pop("prologue_stages", 2)),
                                 tma=bool(opts.pop("prologue_tma", False)),
                                 maxnreg=int(opts.pop("prologue_maxnreg", 0)),
-                                store_t=bool(opts.pop("walk_t", False)) or tw, store_w=tw)
+                                store_t=bool(opts.pop("walk_t", False)))
         return pipeline.state_and_outputs(x, pro, path, output_final_state=output_final_state,
                                           state_v_first=p.state_v_first, BV=bv, poison=poison, **opts)
 
@@ -201,12 +197,7 @@ def _settle_output(opts: dict[str, Any], given: dict[str, Any], defaults: dict[s
     and U (forms_w_and_u), and its walk_k_once with it. The size rule's (`sized`) walk depth is kept only for the
     walk it was chosen for (the two-kernel walk's 4 would overflow the fused walk's shared memory; the 2 of the
     fused walk loading K once would cost the others their prefetch), and its solve only for a prologue that stores
-    T only (walk_t; the size rule's "moves" was measured there). A caller's walk_tw (T and W stored) takes the
-    place of a size rule's walk_t; naming both is refused."""
-    if given.get("walk_tw"):
-        if given.get("walk_t"):
-            raise ValueError("walk_tw: the prologue stores T and W for it and T only for walk_t; name one of them")
-        opts = {**opts, "walk_t": False}
+    T only (walk_t; the size rule's "moves" was measured there)."""
     if opts.get("walk_t") and "walk_t" not in given and forms_w_and_u(
             split_wu=bool(opts.get("split_wu")), tma=bool(opts.get("prologue_tma")),
             solve=opts.get("prologue_solve", SOLVE)):

@@ -391,37 +391,3 @@ def test_fused_output_refuses_the_output_kernels_options():
             gdnlab.chunk_gated_delta_rule(**kw, backend="fast", fused_output=True, **opts)
     with pytest.raises(TypeError, match="fused_output"):
         gdnlab.chunk_gated_delta_rule(**kw, backend="fused_fixed", fused_output=True)
-
-
-def test_walk_tw_is_in_budget_with_its_forms_and_the_same_bits_fused():
-    """walk_tw (the prologue stores T and W, not U; the state kernel forms V_new = T diag(beta) V - W S): every
-    element written, padding zero, inputs untouched, output and state within budget on a case of three chunks;
-    the launches are the T-and-W forms; writing the output in the state kernel (fused_output) gives the same bits
-    on a ragged batch with a state."""
-    from gdnlab.interp import recorded_launches
-    case = CASES_BY_NAME["t129"]
-    kw = case.inputs().kwargs()
-    before = {k: v.clone() for k, v in kw.items() if isinstance(v, torch.Tensor)}
-    with recorded_launches(run=True) as got:
-        o, ht = gdnlab.chunk_gated_delta_rule(**kw, backend="fast", poison=True, walk_tw=True)
-    forms = {c.kernel.__name__: (c.kwargs.get("STORE_T", c.kwargs.get("T_FORM")),
-                                 c.kwargs.get("STORE_W", c.kwargs.get("T_FORM_W"))) for c in got
-             if c.kernel.__name__ in ("prologue_kernel", "fwd_h_kernel")}
-    assert forms == dict(prologue_kernel=(True, True), fwd_h_kernel=(True, True))
-    assert all(torch.equal(kw[k], v) for k, v in before.items())
-    check_budgets(case, o, ht)
-    kw = make_inputs(seqlens=[100, 30, 64], H=1, HV=2, K=64, V=64, seed=7).kwargs()
-    want = gdnlab.chunk_gated_delta_rule(**kw, backend="fast", poison=True, walk_tw=True, BV=64)
-    got = gdnlab.chunk_gated_delta_rule(**kw, backend="fast", poison=True, walk_tw=True, fused_output=True, BV=64)
-    assert all(torch.equal(a, b) for a, b in zip(got, want))
-
-
-@pytest.mark.parametrize("opts, error, match", [(dict(walk_t=True), ValueError, "name one"),
-                                                (dict(walk_k_once=True), ValueError, "walk_k_once"),
-                                                (dict(split_wu=True), ValueError, "store_t")])
-def test_walk_tw_refuses_what_it_cannot_run(opts, error, match):
-    kw = CASES_BY_NAME["t65"].inputs().kwargs()
-    with pytest.raises(error, match=match):
-        gdnlab.chunk_gated_delta_rule(**kw, backend="fast", walk_tw=True, **opts)
-    with pytest.raises(TypeError, match="walk_tw"):
-        gdnlab.chunk_gated_delta_rule(**kw, backend="fused_fixed", walk_tw=True)

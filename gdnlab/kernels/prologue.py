@@ -416,7 +416,7 @@ def prologue_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, qn_ptr, kn_ptr, gcum_p
                     K: tl.constexpr, V: tl.constexpr, KP: tl.constexpr, VP: tl.constexpr, BT: tl.constexpr,
                     NORM: tl.constexpr, SOLVE: tl.constexpr, I64: tl.constexpr = True, FOLD: tl.constexpr = False,
                     SPLIT: tl.constexpr = False, LOOP: tl.constexpr = False, LOOP_STAGES: tl.constexpr = 2,
-                    TMA: tl.constexpr = False, STORE_T: tl.constexpr = False, STORE_W: tl.constexpr = False):
+                    TMA: tl.constexpr = False, STORE_T: tl.constexpr = False):
     """One program per (chunk, value head): [q/k l2-norm,] cumsum, A, T = (I + A)^-1 and W/U for that chunk.
 
     A, W and U are whole-chunk tensor-core dots; the solve works on 16x16 blocks (see _solve), so no 64x64 fp32
@@ -434,8 +434,6 @@ def prologue_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, qn_ptr, kn_ptr, gcum_p
 
     STORE_T (the walk applies T): T itself is stored, bf16 [tokens, HV, BT] rows (t_ptr), and W and U are neither
     formed nor stored; the state kernel's T_FORM computes V_new = T diag(beta) (V - diag(exp(G)) K S) instead.
-    With STORE_W as well, W is formed and stored beside T (U is not), for the state kernel's T_FORM_W, which forms
-    V_new = T diag(beta) V - W S: U's product moved into the walk, where it does not wait on the state.
     """
     i_hv = tl.program_id(1)
     i_h = i_hv // (HV // H)
@@ -460,18 +458,18 @@ def prologue_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, qn_ptr, kn_ptr, gcum_p
         for i_t in tl.range(t0, t1, num_stages=LOOP_STAGES):
             _prologue_chunk(bos, eos, i_t, i_hv, kd, vd, wd, ud, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, qn_ptr, kn_ptr,
                             gcum_ptr, w_ptr, u_ptr, t_ptr, gq_ptr, gk_ptr, lq_ptr, lk_ptr, H, HV, K, V, KP, VP, BT,
-                            NORM, SOLVE, FOLD, SPLIT, TMA, STORE_T, STORE_W)
+                            NORM, SOLVE, FOLD, SPLIT, TMA, STORE_T)
     else:
         _prologue_chunk(bos, eos, t0, i_hv, kd, vd, wd, ud, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, qn_ptr, kn_ptr,
                         gcum_ptr, w_ptr, u_ptr, t_ptr, gq_ptr, gk_ptr, lq_ptr, lk_ptr, H, HV, K, V, KP, VP, BT, NORM,
-                        SOLVE, FOLD, SPLIT, TMA, STORE_T, STORE_W)
+                        SOLVE, FOLD, SPLIT, TMA, STORE_T)
 
 @triton.jit
 def _prologue_chunk(bos, eos, i_t, i_hv, kd, vd, wd, ud, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, qn_ptr, kn_ptr, gcum_ptr,
                     w_ptr, u_ptr, t_ptr, gq_ptr, gk_ptr, lq_ptr, lk_ptr, H: tl.constexpr, HV: tl.constexpr,
                     K: tl.constexpr, V: tl.constexpr, KP: tl.constexpr, VP: tl.constexpr, BT: tl.constexpr,
                     NORM: tl.constexpr, SOLVE: tl.constexpr, FOLD: tl.constexpr, SPLIT: tl.constexpr,
-                    TMA: tl.constexpr, STORE_T: tl.constexpr, STORE_W: tl.constexpr):
+                    TMA: tl.constexpr, STORE_T: tl.constexpr):
     """prologue_kernel's work for chunk i_t of the sequence in rows bos..eos, value head i_hv."""
     i_h = i_hv // (HV // H)
     first = i_hv % (HV // H)  # 0 on the value head that stores the normalised q and k
@@ -509,7 +507,7 @@ def _prologue_chunk(bos, eos, i_t, i_hv, kd, vd, wd, ud, q_ptr, k_ptr, v_ptr, g_
         t = t32.to(tl.bfloat16)  # (without SPLIT t32 dies here: the order the H200 runs measured)
         if STORE_T:
             store_rows(t_ptr + i_hv * BT, rows, mrow, HV * BT, 0, t, BT, BT)
-        if STORE_W or not STORE_T:
+        else:
             # k is loaded (and normalised) again rather than kept live across the solve: the form the H200 runs
             # measured; the Hopper build spills the same 848 B either way (docs/speed-notes.md).
             kt = _keys(k_ptr + i_h * K, kn_ptr + i_h * K, rows, mrow, first, H * K, K, KP, NORM, False, kd, r0, TMA)
@@ -518,7 +516,6 @@ def _prologue_chunk(bos, eos, i_t, i_hv, kd, vd, wd, ud, q_ptr, k_ptr, v_ptr, g_
             else:
                 w = _t_times_scaled(t, kt, beta * tl.exp(g_row))
             store_tile(w_ptr + i_hv * K, wd, rows, mrow, HV * K, r0, 0, w, KP, K, TMA)
-        if not STORE_T:
             vt = load_tile(v_ptr + i_hv * V, vd, rows, mrow, HV * V, r0, 0, VP, V, TMA)
             if SPLIT:
                 u = _split_dot(t32 * beta[None, :], vt)
@@ -596,7 +593,7 @@ class Prologue:
     q: torch.Tensor
     k: torch.Tensor
     g_cum: torch.Tensor  # fp32 [tokens, HV]
-    w: torch.Tensor | None  # bf16 [tokens, HV, K] (None with store_t, unless store_w)
+    w: torch.Tensor | None  # bf16 [tokens, HV, K] (None with store_t)
     u: torch.Tensor | None  # bf16 [tokens, HV, V] (None with store_t)
     norm_q: bool = False  # q is still to be l2-normalised, by the output kernel
     g_q: torch.Tensor | None = None  # fold_norm: q and k are raw; G - log|q| and G + log|k| per row and value
@@ -646,7 +643,7 @@ def run_prologue(q, k, v, g, beta, plan: ChunkPlan, use_qk_l2norm: bool, poison:
                  fuse_norm: bool = False, num_warps: int = 4, solve: str = SOLVE,
                  norm_q_in_output: bool = False, index64: bool | None = None, fold_norm: bool = False,
                  split_wu: bool = False, programs: int = 0, stages: int = 2, tma: bool = False,
-                 store_t: bool = False, store_w: bool = False, maxnreg: int = 0) -> Prologue:
+                 store_t: bool = False, maxnreg: int = 0) -> Prologue:
     """Launch the shared prologue on flattened `[tokens, heads, D]` tensors. The q/k l2-norm runs as two launches
     of l2norm_kernel (as the two-kernel pipeline does) or, with `fuse_norm`, inside the prologue kernel; with
     `norm_q_in_output` only k's runs here and q's is left to the output kernel (Prologue.norm_q). With `fold_norm`
@@ -657,8 +654,7 @@ def run_prologue(q, k, v, g, beta, plan: ChunkPlan, use_qk_l2norm: bool, poison:
     kernel's LOOP). `tma`: k, v, W and U through tensor descriptors where the buffers allow it (tma_ok; its TMA;
     not with the "by_blocks" solve). The same numbers in every case. `store_t`: T is stored instead of W and U (its
     STORE_T; Prologue.t), for a state kernel that applies T itself (two_kernel's walk_t); not with split_wu, tma or
-    the "by_blocks" solve. `store_w` (with `store_t`): W is formed and stored beside T, U is not (its STORE_W;
-    two_kernel's walk_tw). `maxnreg`: the registers a thread may use (0: the compiler's
+    the "by_blocks" solve. `maxnreg`: the registers a thread may use (0: the compiler's
     choice, up to 255; an NVIDIA launch option); fewer let more programs share a multiprocessor at the cost of
     spills (item 50)."""
     if maxnreg and not 32 <= maxnreg <= 255:
@@ -667,8 +663,6 @@ def run_prologue(q, k, v, g, beta, plan: ChunkPlan, use_qk_l2norm: bool, poison:
         raise ValueError(f"programs, stages: need programs >= 0 and stages >= 1, got {programs!r}, {stages!r}")
     if tma and solve == "by_blocks":
         raise ValueError("tma: takes a whole-chunk solve, not by_blocks")
-    if store_w and not store_t:
-        raise ValueError("store_w: W is stored beside T; run with store_t")
     if store_t and forms_w_and_u(split_wu=split_wu, tma=tma, solve=solve):
         raise ValueError("store_t: takes neither split_wu nor tma nor the by_blocks solve (no W or U is formed)")
     tokens, H, K = k.shape
@@ -688,7 +682,7 @@ def run_prologue(q, k, v, g, beta, plan: ChunkPlan, use_qk_l2norm: bool, poison:
     kn = alloc(k.shape, k.dtype, dev, poison) if norm_inside else k
     g_cum = alloc((tokens, HV), torch.float32, dev, poison)
     t = alloc((tokens, HV, BT), torch.bfloat16, dev, poison) if store_t else None
-    w = None if store_t and not store_w else alloc((tokens, HV, K), torch.bfloat16, dev, poison)
+    w = None if store_t else alloc((tokens, HV, K), torch.bfloat16, dev, poison)
     u = None if store_t else alloc((tokens, HV, V), torch.bfloat16, dev, poison)
     tma = tma and tma_ok(k, v, w, u)
     if tma:
@@ -696,13 +690,13 @@ def run_prologue(q, k, v, g, beta, plan: ChunkPlan, use_qk_l2norm: bool, poison:
     if plan.n_chunks:
         segs = plan.runs(programs)
         launch(prologue_kernel, (plan.n_chunks if segs is None else segs.shape[0], HV), q, k, v, g, beta, qn, kn,
-               g_cum, *((w if store_w else t, t, t) if store_t else (w, u, g_cum)), plan.cu_seqlens, plan.chunks,
+               g_cum, *((t, t, t) if store_t else (w, u, g_cum)), plan.cu_seqlens, plan.chunks,
                g_q if fold else g_cum, g_k if fold else g_cum,
                log_norms[0] if fold else g_cum, log_norms[1] if fold else g_cum,
                plan.chunks if segs is None else segs, H=H, HV=HV, K=K, V=V, KP=pow2(K), LOOP=segs is not None,
                LOOP_STAGES=stages, TMA=tma,
                VP=pow2(V), BT=BT, NORM=norm_inside, SOLVE=solve, num_warps=num_warps, device=dev,
-               I64=wide_index(q, v, *(x for x in (t, w) if x is not None)) if index64 is None else index64,
-               FOLD=fold, SPLIT=split_wu, STORE_T=store_t, STORE_W=store_w, **({"maxnreg": maxnreg} if maxnreg else {}))
+               I64=wide_index(q, v, t if store_t else w) if index64 is None else index64, FOLD=fold,
+               SPLIT=split_wu, STORE_T=store_t, **({"maxnreg": maxnreg} if maxnreg else {}))
     return Prologue(qn, kn, g_cum, w, u, norm_q, g_q, g_k, t, log_norms[1] if fold and store_t else None,
                     beta if store_t else None)

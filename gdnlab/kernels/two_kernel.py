@@ -20,7 +20,7 @@ def fwd_h_kernel(k_ptr, u_ptr, w_ptr, gcum_ptr, h_ptr, vnew_ptr, h0_ptr, ht_ptr,
                  K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, HAS_H0: tl.constexpr, STORE_HT: tl.constexpr,
                  STATE_V_FIRST: tl.constexpr, BT: tl.constexpr, I64: tl.constexpr = True, FOLD: tl.constexpr = False,
                  T_FORM: tl.constexpr = False, H_EVERY: tl.constexpr = 1, OUTPUT: tl.constexpr = False,
-                 K_ONCE: tl.constexpr = False, T_FORM_W: tl.constexpr = False):
+                 K_ONCE: tl.constexpr = False):
     """One program per (V tile, sequence, value head): carry the fp32 state, store bf16 V_new per chunk and bf16 h
     at every H_EVERY-th chunk of a sequence (the first of each block the output kernel takes; fwd_o_kernel's OUT_M).
     With FOLD, k is raw and the absorbed term's gates are gk = G + log|k| (gk_ptr, fp32 [tokens, HV]), so its rows
@@ -34,10 +34,6 @@ def fwd_h_kernel(k_ptr, u_ptr, w_ptr, gcum_ptr, h_ptr, vnew_ptr, h0_ptr, ht_ptr,
     OUTPUT: the walk writes each chunk's output itself (o_ptr, from q_ptr and, with FOLD, the rows' gates gq_ptr)
     and stores neither h nor V_new: the output kernel's numbers (Q times the state rounded to bf16, the causal
     scores times V_new rounded to bf16) without their round trip through memory; Q.K^T is formed once per V tile.
-
-    T_FORM_W (with T_FORM; the prologue stored T and W): V_new = T diag(beta) V - W S, from the bf16 T rows, the
-    input v and beta rows (beta V rounded to bf16) and W S in fp32: U - W S with U's product made here, where it does
-    not wait on the state, and not rounded.
 
     K_ONCE (with T_FORM): the K tiles loaded for K S are the ones the state update takes, not loaded again, so the
     loop's software pipeline buffers one copy of them (docs/speed-notes.md item 59)."""
@@ -73,7 +69,7 @@ def fwd_h_kernel(k_ptr, u_ptr, w_ptr, gcum_ptr, h_ptr, vnew_ptr, h0_ptr, ht_ptr,
             g_cum = tl.load(gcum_ptr + rows * HV + i_hv, mask=mrow, other=0.0)
         g_last = tl.load(gcum_ptr + (tl.minimum(bos + c * BT + BT, eos) - 1) * HV + i_hv)
         hb = h_ptr + ((c0 + c) * HV + i_hv) * K * V
-        if T_FORM and not T_FORM_W:  # K S: the rows of K where W's would be
+        if T_FORM:  # K S: the rows of K where W's would be
             rh, srow = kh, H * K
         else:
             rh, srow = wh, HV * K
@@ -108,19 +104,13 @@ def fwd_h_kernel(k_ptr, u_ptr, w_ptr, gcum_ptr, h_ptr, vnew_ptr, h0_ptr, ht_ptr,
                 oi, si = inter_and_scores(qh, kh, rows, mrow, H * K, 192, s3.to(tl.bfloat16), K)
                 o_acc, sc = o_acc + oi, sc + si
         if T_FORM:
-            if not T_FORM_W:
-                g_w = tl.load(gcum_ptr + rows * HV + i_hv, mask=mrow, other=0.0)
-                if FOLD:
-                    g_w = g_w - tl.load(lk_ptr + rows * H + i_h, mask=mrow, other=0.0)
+            g_w = tl.load(gcum_ptr + rows * HV + i_hv, mask=mrow, other=0.0)
+            if FOLD:
+                g_w = g_w - tl.load(lk_ptr + rows * H + i_h, mask=mrow, other=0.0)
             beta = tl.load(beta_ptr + rows * HV + i_hv, mask=mrow, other=0.0).to(tl.float32)
             vt = load_rows(v_ptr + i_hv * V, rows, mrow, HV * V, v0, BV, V).to(tl.float32)
-            if T_FORM_W:
-                y = (beta[:, None] * vt).to(tl.bfloat16)
-            else:
-                y = (beta[:, None] * (vt - tl.exp(g_w)[:, None] * vw)).to(tl.bfloat16)
+            y = (beta[:, None] * (vt - tl.exp(g_w)[:, None] * vw)).to(tl.bfloat16)
             v_new = tl.dot(load_rows(t_ptr + i_hv * BT, rows, mrow, HV * BT, 0, BT, BT), y)
-            if T_FORM_W:
-                v_new = v_new - vw
         else:
             v_new = load_rows(uh, rows, mrow, HV * V, v0, BV, V).to(tl.float32) - vw
         if OUTPUT:
@@ -300,22 +290,19 @@ def two_kernel(pro: Prologue, v: torch.Tensor, o: torch.Tensor, plan: ChunkPlan,
         v_new = alloc((tokens, HV, V), torch.bfloat16, dev, poison)
     states = [x for x in (initial_state, ht) if x is not None]
     t_form = pro.t is not None
-    t_form_w = t_form and pro.w is not None
-    if walk_k_once and (not t_form or t_form_w):
+    if walk_k_once and not t_form:
         raise ValueError("walk_k_once: the state kernel reuses the K tiles of K S, which only the walk that applies "
-                         "T to K S forms; run with walk_t=True (not walk_tw)")
-    i64 = (wide_index(h, v_new, o, *(x for x in (pro.t, pro.w) if x is not None), pro.q, *states)
-           if index64 is None else index64)
+                         "T forms; run with walk_t=True")
+    i64 = wide_index(h, v_new, o, pro.t if t_form else pro.w, pro.q, *states) if index64 is None else index64
     fold = pro.g_k is not None
     gq, gk = (pro.g_q, pro.g_k) if fold else (dummy, dummy)
     walk_t = (pro.t, v, pro.beta, pro.log_k if pro.log_k is not None else dummy) if t_form else (dummy,) * 4
-    launch(fwd_h_kernel, (cdiv(V, BV), N * HV), pro.k, pro.u if pro.u is not None else dummy,
-           pro.w if pro.w is not None else dummy, pro.g_cum, h, v_new,
+    launch(fwd_h_kernel, (cdiv(V, BV), N * HV), pro.k, pro.u if not t_form else dummy,
+           pro.w if not t_form else dummy, pro.g_cum, h, v_new,
            initial_state if initial_state is not None else dummy, ht if ht is not None else dummy,
            plan.cu_seqlens, plan.chunk_offsets, gk, *walk_t, pro.q, o, gq, scale, H=H, HV=HV, K=K, V=V, BV=BV,
            HAS_H0=initial_state is not None, STORE_HT=ht is not None, STATE_V_FIRST=state_v_first, BT=BT, I64=i64,
-           FOLD=fold, T_FORM=t_form, T_FORM_W=t_form_w, H_EVERY=out_chunks, OUTPUT=fused_output, K_ONCE=walk_k_once,
-           num_warps=num_warps,
+           FOLD=fold, T_FORM=t_form, H_EVERY=out_chunks, OUTPUT=fused_output, K_ONCE=walk_k_once, num_warps=num_warps,
            device=dev,
            **({} if num_stages is None else dict(num_stages=num_stages)))
     if plan.n_chunks and not fused_output:
