@@ -7,8 +7,11 @@ ran one of two computations per machine start. Each scenario runs in its own Pyt
 state known to outlive a process): first what the scenario runs before (nothing, calls at a conformance case's size,
 or one call of 65536 tokens at the sweep's heads, in the same process or in one before it that shares its cache),
 then the backend at each shape, with the scenario's options or with q, k and v requiring grad. modes.csv holds, per
-scenario and shape, the graph-replayed and eager median ms and a sha256 of the output's bytes: equal hashes are the
-same computation. env.json is written as every benchmarks run writes it.
+scenario and shape, the graph-replayed and eager median ms and a sha256 of the output's bytes (equal hashes are the
+same computation) and the scenario's TileLang kernels (`kernel_sources`: whether code generation differed); it is
+rewritten after each scenario. env.json is written as every benchmarks run writes it. Each scenario compiles
+FlashQLA's kernels afresh: about 100 s a scenario for two shapes on an H100, so the six take longer than one device
+call; pass --scenarios to split them.
 
     python -m benchmarks.peer_modes --out /tmp/modes --backend flashqla --shapes 1x32768,8x2048
 """
@@ -21,6 +24,7 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 #: What each scenario runs first (backend calls at (B, T, heads)), and how it then calls the backend.
@@ -48,6 +52,14 @@ def output_hash(o: Any) -> str:
     """sha256 of a tensor's bytes as stored (bf16 compared bit for bit)."""
     import torch
     return hashlib.sha256(o.detach().contiguous().view(torch.uint8).cpu().numpy().tobytes()).hexdigest()
+
+
+def kernel_sources(cache: str) -> tuple[int, str]:
+    """How many TileLang kernels a cache folder holds and one sha256 over their generated CUDA sources
+    (device_kernel.cu, hashed each and sorted by hash, so the folders' names do not count): equal digests in two
+    machine starts mean TileLang generated the same kernels, so a difference in output lies after code generation."""
+    digests = sorted(hashlib.sha256(p.read_bytes()).hexdigest() for p in Path(cache).rglob("device_kernel.cu"))
+    return len(digests), (hashlib.sha256("".join(digests).encode()).hexdigest() if digests else "")
 
 
 def run_scenario(scenario: str, backend: str, shapes: list[tuple[int, int]], heads: dict[str, int],
@@ -143,16 +155,17 @@ def main(argv: list[str] | None = None) -> int:
         if "primer" in SCENARIOS[s]:
             subprocess.run([*child, "--prime"], env=env)
         r = subprocess.run(child, env=env)
+        kernels, sources = kernel_sources(cache)
         shutil.rmtree(cache, ignore_errors=True)
         got = os.path.join(a.out, f"{s}.json")
         if r.returncode == 0 and os.path.exists(got):
             with open(got) as f:
-                rows += json.load(f)
+                rows += [dict(row, kernels=kernels, kernel_sources=sources) for row in json.load(f)]
             os.remove(got)
         else:
             rows.append(dict(scenario=s, backend=a.backend, error=f"process exited {r.returncode}"))
-    df = pd.DataFrame(rows)
-    df.to_csv(os.path.join(a.out, "modes.csv"), index=False)
+        df = pd.DataFrame(rows)  # written after every scenario: a call cut off at its time limit keeps what ran
+        df.to_csv(os.path.join(a.out, "modes.csv"), index=False)
     print(df.to_string(), flush=True)
     return 0
 

@@ -129,3 +129,17 @@ def test_peer_modes_hashes_the_same_computation_alike_and_refuses_bad_shapes(tmp
     assert other[0]["sha256"] != alone[0]["sha256"]  # another computation, another hash
     with pytest.raises(SystemExit):
         peer_modes.main(["--out", str(tmp_path), "--scenarios", "nope", "--device", "cpu"])
+    assert peer_modes.main(["--out", str(tmp_path), "--scenarios", "alone", "--backend", "two_kernel",
+                            "--shapes", "1x20", "--heads", "1,2,16,16", "--device", "cpu"]) == 0
+    import pandas as pd
+    rows = pd.read_csv(tmp_path / "modes.csv")  # the child process's row, as run_scenario gives it in this one
+    assert list(rows.scenario) == ["alone"] and rows.sha256[0] == alone[0]["sha256"]
+    assert rows.kernels[0] == 0  # the lab's kernels leave no TileLang cache
+    for name, text in (("a/device_kernel.cu", "x"), ("b/device_kernel.cu", "y"), ("b/host_kernel.cu", "z")):
+        (tmp_path / "cache" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "cache" / name).write_text(text)
+    n, digest = peer_modes.kernel_sources(str(tmp_path / "cache"))
+    (tmp_path / "cache" / "a").rename(tmp_path / "cache" / "c")  # another entry name, the same sources
+    assert n == 2 and digest and peer_modes.kernel_sources(str(tmp_path / "cache")) == (2, digest)
+    (tmp_path / "cache" / "c" / "device_kernel.cu").write_text("w")
+    assert peer_modes.kernel_sources(str(tmp_path / "cache"))[1] != digest
