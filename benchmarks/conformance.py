@@ -24,9 +24,15 @@ def state_v_first_cases() -> tuple[Any, ...]:
             Case("svf_var_pad_bf16", seqlens=(1, 63, 130), pad=6, state_dtype=torch.bfloat16, seed=32))
 
 
-def case_kwargs(case: Any, state_v_first: bool) -> dict[str, Any]:
+def cases() -> list[tuple[Any, bool]]:
+    """Every conformance case as (case, state_v_first), in the order the part runs them."""
+    from gdnlab.cases import CASES, ISOLATION
+    return [(c, False) for c in CASES + ISOLATION] + [(c, True) for c in state_v_first_cases()]
+
+
+def case_kwargs(case: Any, state_v_first: bool, device: str = DEV) -> dict[str, Any]:
     """The case's call arguments on the device, the initial state transposed to [V, K] for state_v_first."""
-    kw = case.inputs(DEV).kwargs()
+    kw = case.inputs(device).kwargs()
     if state_v_first and kw["initial_state"] is not None:
         kw["initial_state"] = kw["initial_state"].transpose(-1, -2).contiguous()
     return dict(kw, state_v_first=state_v_first)
@@ -60,11 +66,10 @@ def check_one(label: str, kw: dict[str, Any], ref: tuple[Any, Any]) -> tuple[dic
 def run(ctx: Context) -> pd.DataFrame:
     import torch
 
-    from gdnlab.cases import CASES, ISOLATION
     from gdnlab.reference import recurrent_gated_delta_rule_ref
     rows = []
     backends = ctx.conformance_backends or ctx.timed()
-    for case, svf in [(c, False) for c in CASES + ISOLATION] + [(c, True) for c in state_v_first_cases()]:
+    for case, svf in cases():
         kw = case_kwargs(case, svf)
         ref = recurrent_gated_delta_rule_ref(**kw)
         outs = {}

@@ -116,7 +116,7 @@ def test_env_records_the_host_it_ran_on():
     assert len(h["load_average"]) in (0, 3)
 
 
-def test_peer_modes_hashes_the_same_computation_alike_and_refuses_bad_shapes(tmp_path):
+def test_peer_modes_hashes_the_same_computation_alike_and_refuses_bad_shapes(tmp_path, monkeypatch):
     from benchmarks import peer_modes
     for bad in ("32768", "1x", "0x64", "ax64"):
         with pytest.raises(ValueError, match="BxT"):
@@ -126,6 +126,9 @@ def test_peer_modes_hashes_the_same_computation_alike_and_refuses_bad_shapes(tmp
     grad = peer_modes.run_scenario("grad", "two_kernel", [(1, 20)], heads, "cpu")
     other = peer_modes.run_scenario("alone", "reference", [(1, 20)], heads, "cpu")
     assert alone[0]["sha256"] == grad[0]["sha256"] and not alone[0]["error"]  # the same kernels, the same bits
+    monkeypatch.setitem(peer_modes.SCENARIOS, "tiny-first", {"before": [(1, 8, heads)]})
+    assert alone[0]["before"] == 0 and peer_modes.run_scenario("tiny-first", "two_kernel", [(1, 20)], heads,
+                                                               "cpu")[0]["before"] == 1
     assert other[0]["sha256"] != alone[0]["sha256"]  # another computation, another hash
     with pytest.raises(SystemExit):
         peer_modes.main(["--out", str(tmp_path), "--scenarios", "nope", "--device", "cpu"])
