@@ -21,7 +21,7 @@ from gdnlab.verdict import growth_slope
 
 __all__ = ["PEER_NAMES", "load", "in_budget", "growth_slopes", "error_at", "speed_vs_fastest", "field_table",
            "peers_conform", "growth_like_two_kernel", "most_accurate", "fastest_by_shape", "fast_targets", "load_host",
-           "host_targets", "between_starts", "outputs_changed_between_starts"]
+           "host_targets", "between_starts", "outputs_changed_between_starts", "by_start", "two_modes"]
 
 #: The peer backends (gdnlab.peers) as the device tables name them.
 PEER_NAMES = tuple(PEERS)
@@ -235,6 +235,61 @@ def outputs_changed_between_starts(outputs: pd.DataFrame, changed: Sequence[str]
                    f"{', '.join(changed) or 'no backend'} a different error in "
                    + ", ".join(f"{int(outputs.rows_differ[b])} of {int(outputs.rows[b])}" for b in changed)
                    + " rows (a different computation ran).", outputs.to_dict("index"))
+
+
+def by_start(backend: str, devices: Sequence[str] = ("h100", "h200"), shape: str = "1x32768", chunks: int = 1024,
+             regime: str = "slow_gate") -> pd.DataFrame:
+    """One row per machine start whose runs hold `backend`'s sweep or bench rows, over the registries of `devices`:
+    the start (its first run, runs.continued), the card, the backend's max error at `chunks` chunks in `regime`
+    with an initial state (NaN where no sweep of the start ran it) and its graph ms at `shape` (NaN where no bench
+    timed it; a cut bench's bench_log.csv counts), the latest run of the start giving each. Two runs of one start
+    filed without ``continues`` are two rows: a start is what the registry chains, not what the dates suggest."""
+    rows: dict[tuple[str, str], dict] = {}
+    for device in devices:
+        for rid in runs.runs(device).run_id:
+            folder = runs.data_dir(device) / rid
+            start = runs.continued(rid, device)[0]
+            row = rows.setdefault((device, start), dict(device=device, start=start, card="", error=np.nan,
+                                                        graph_ms=np.nan))
+            if (folder / "sweep.csv").exists():
+                sw = pd.read_csv(folder / "sweep.csv")
+                at = sw[(sw.backend == backend) & (sw.regime == regime) & (sw.n_chunks == chunks)
+                        & sw.initial_state.astype(bool)] if "backend" in sw else sw.iloc[:0]
+                if len(at):
+                    row.update(error=float(at.max_abs_err.iloc[-1]), card=str(at.device.iloc[-1]))
+            name = next((n for n in ("bench.csv", "bench_log.csv") if (folder / n).exists()), None)
+            if name:
+                b = pd.read_csv(folder / name)
+                b = load_bench_frame(b[b.backend == backend]) if "backend" in b else b.iloc[:0]
+                b = b[b["shape"] == shape] if len(b) else b
+                if len(b):
+                    row.update(graph_ms=float(b.graph_ms.median()), card=str(b.device.iloc[-1]))
+    out = pd.DataFrame([r for r in rows.values() if r["card"]], columns=["device", "start", "card", "error",
+                                                                         "graph_ms"])
+    return out.sort_values("start", kind="stable").reset_index(drop=True)
+
+
+def two_modes(starts: pd.DataFrame, digits: int = 4) -> Finding:
+    """Over the machine starts of :func:`by_start`, the backend's error took exactly two values (equal to `digits`
+    significant digits: the seeded inputs make one computation give one error), and every start holding both an
+    error and a time that ran the higher-error computation was faster than every such start that ran the other
+    (the cards pooled: the H100 and the H200 have the same 132 multiprocessors)."""
+    errs = starts.error.dropna().map(lambda e: float(f"{e:.{digits - 1}e}"))
+    values = sorted(set(errs))
+    if len(values) != 2:
+        raise _fail(f"two_modes: the error took {len(values)} values over {len(errs)} starts, not two",
+                    dict(zip(starts.start[errs.index], errs)))
+    both = starts.loc[errs.index].assign(mode=errs).dropna(subset=["graph_ms"])
+    low, high = (both[both["mode"] == v].graph_ms for v in values)
+    if low.empty or high.empty or not high.max() < low.min():
+        raise _fail("two_modes: the higher-error computation was not faster in every start that timed both",
+                    {f"{r.device} {r.start}": (r.mode, round(r.graph_ms, 4)) for r in both.itertuples()})
+    n = {v: int((errs == v).sum()) for v in values}
+    return Finding(f"Over {len(errs)} starts the error took two values, {values[0]:.{digits - 1}e} ({n[values[0]]} "
+                   f"starts) and {values[1]:.{digits - 1}e} ({n[values[1]]}); in the {len(both)} starts that also "
+                   f"timed it, the higher-error computation took {high.min():.3f}-{high.max():.3f} ms and the other "
+                   f"{low.min():.3f}-{low.max():.3f} ms.", {f"{r.device} {r.start}": (r.mode, round(r.graph_ms, 4))
+                                                              for r in both.itertuples()})
 
 
 def _host_time(e: pd.DataFrame, g: pd.DataFrame, shape: str, host_us: float) -> list[dict]:

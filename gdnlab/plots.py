@@ -14,7 +14,7 @@ from matplotlib.figure import Figure
 
 from gdnlab.metrics import ulp_bf16
 
-__all__ = ["error_vs_chunks", "field_errors", "relative_time_heatmap", "ratio_vs_chunks", "ratio_vs_decay", "ratio_heatmap", "bv_bars", "ablation_bars",
+__all__ = ["error_vs_chunks", "field_errors", "relative_time_heatmap", "modes_by_start", "ratio_vs_chunks", "ratio_vs_decay", "ratio_heatmap", "bv_bars", "ablation_bars",
            "isolation_bars", "error_budget", "save_figure", "show"]
 
 _ULP_LABEL = "bf16 unit roundoff $2^{-8}$"
@@ -115,6 +115,28 @@ def start_ratio_heatmap(ratio: pd.DataFrame, label: str) -> Figure:
     bar.ax.yaxis.set_minor_formatter(NullFormatter())
     ax.set(title=label, xlabel="", ylabel="")
     ax.tick_params(axis="y", labelrotation=0)
+    fig.tight_layout()
+    return fig
+
+
+def modes_by_start(starts: pd.DataFrame, label: str, digits: int = 4) -> Figure:
+    """A backend's graph time in each machine start (gdnlab.field.by_start), in start order, coloured by the output
+    error the start's sweep gave (to `digits` significant digits; grey: no sweep in that start) and marked by card:
+    which computation each start ran, and at what speed."""
+    df = starts.dropna(subset=["graph_ms"]).reset_index(drop=True)
+    if df.empty:
+        raise ValueError("modes_by_start: no start timed the backend")
+    df = df.assign(mode=df.error.map(lambda e: "no sweep" if pd.isna(e) else f"error {e:.{digits - 1}e}"),
+                   when=df.start.str.slice(0, 15).str.replace("T", " "))
+    modes = sorted(m for m in df["mode"].unique() if m != "no sweep")  # the same string form sorts by value
+    palette = dict(zip(modes, sns.color_palette("deep", len(modes))), **{"no sweep": (0.6, 0.6, 0.6)})
+    fig, ax = plt.subplots(figsize=(3.2 + 0.62 * len(df), 3.4))
+    sns.scatterplot(df, x="when", y="graph_ms", hue="mode", style="card", palette=palette, s=90, ax=ax)
+    ax.set(title=label, xlabel="machine start (first run, UTC)", ylabel="graph ms", ylim=(0, None))
+    ax.tick_params(axis="x", labelrotation=35)
+    for t in ax.get_xticklabels():
+        t.set_horizontalalignment("right")
+    ax.legend(title="", fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     return fig
 

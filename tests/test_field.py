@@ -118,3 +118,31 @@ def test_between_starts_tells_a_changed_computation_from_a_changed_speed():
     assert "y a different error in 1 of 1" in field.outputs_changed_between_starts(d["outputs"], ("y",)).claim
     with pytest.raises(AssertionError, match=r"differ are \['y'\], not \['x'\]"):
         field.outputs_changed_between_starts(d["outputs"], ("x",))
+
+
+def test_by_start_reads_a_start_whole_and_two_modes_fails_when_the_data_stop_supporting_it():
+    t = field.by_start("flashqla").set_index("start")
+    # the H100 start of 2026-12-07T2227: its bench and sweep are later calls of the chain (runs.continued)
+    row = t.loc["2026-12-07T2227-check"]
+    assert row.device == "h100" and row.card.startswith("NVIDIA H100") and 0 < row.graph_ms and 0 < row.error
+    assert not t.index.duplicated().any() and "2026-12-07T2238-check" not in t.index
+    mk = lambda err, ms: pd.DataFrame(dict(device="h200", start=[f"s{i}" for i in range(len(err))], card="c",  # noqa: E731
+                                           error=err, graph_ms=ms))
+    found = field.two_modes(mk([1.469e-3, 1.551e-3, 1.46912e-3, math.nan], [1.3, 0.8, math.nan, 1.2]))
+    assert "two values" in found.claim and "0.800-0.800 ms" in found.claim
+    with pytest.raises(AssertionError, match="took 3 values"):
+        field.two_modes(mk([1.469e-3, 1.551e-3, 1.6e-3], [1.3, 0.8, 0.7]))
+    with pytest.raises(AssertionError, match="was not faster"):
+        field.two_modes(mk([1.469e-3, 1.551e-3, 1.551e-3], [1.3, 0.8, 1.4]))
+    with pytest.raises(AssertionError, match="was not faster"):  # no start timed the lower-error computation
+        field.two_modes(mk([1.469e-3, 1.551e-3], [math.nan, 0.8]))
+
+
+def test_modes_by_start_draws_each_timed_start_and_refuses_none():
+    from gdnlab import plots
+    t = pd.DataFrame(dict(device="h200", start=["2026-12-01T0000-x", "2026-12-02T0000-y"], card="c",
+                          error=[1e-3, math.nan], graph_ms=[1.0, 2.0]))
+    fig = plots.modes_by_start(t, "x")
+    assert len(fig.axes[0].collections[0].get_offsets()) == 2
+    with pytest.raises(ValueError, match="no start"):
+        plots.modes_by_start(t.assign(graph_ms=math.nan), "x")
