@@ -6,12 +6,13 @@ ran one of two computations per machine start. Each scenario runs in its own Pyt
 inputs (seed 0 at every shape) and with a TileLang kernel cache of its own (TILELANG_CACHE_DIR, empty at its start:
 the one state known to outlive a process): first what the scenario runs before (nothing, calls at a conformance
 case's size, one call of 65536 tokens at the sweep's heads, in the same process or in one before it that shares its
-cache, or the conformance part's cases as a field start runs them first), then the backend at each shape, with the
-scenario's options or with q, k and v requiring grad. modes.csv holds, per scenario and shape, the graph-replayed
-and eager median ms and a sha256 of the output's bytes (equal hashes are the same computation) and the scenario's
-TileLang kernels (`kernel_sources`: whether code generation differed); it is rewritten after each scenario. env.json
-is written as every benchmarks run writes it. Each scenario compiles FlashQLA's kernels afresh: about 100 s a
-scenario for two shapes on an H100, so the six take longer than one device call; pass --scenarios to split them.
+cache, or the conformance part's cases, the backend's own calls of them in a field start's order), then the backend
+at each shape, with the scenario's options or with q, k and v requiring grad. modes.csv holds, per scenario and
+shape, the graph-replayed and eager median ms and a sha256 of the output's bytes (equal hashes are the same
+computation) and the scenario's TileLang kernels (`kernel_sources`: whether code generation differed); it is
+rewritten after each scenario. env.json is written as every benchmarks run writes it. Each scenario compiles
+FlashQLA's kernels afresh: 110-150 s a scenario for two shapes on an H100, and after-conformance's 28 cases up to 4
+minutes more, so the seven take longer than one device call; pass --scenarios to split them.
 
     python -m benchmarks.peer_modes --out /tmp/modes --backend flashqla --shapes 1x32768,8x2048
 """
@@ -66,9 +67,9 @@ def kernel_sources(cache: str) -> tuple[int, str]:
 def run_scenario(scenario: str, backend: str, shapes: list[tuple[int, int]], heads: dict[str, int],
                  device: str, prime: bool = False) -> list[dict[str, Any]]:
     """In this process: the scenario's calls first, then `backend` at each shape on seed-0 inputs. One row per
-    shape: the calls that ran before it (`before`), ms (eager median, CUDA only), graph_ms (CUDA only; nan where
-    capture fails), the output's hash. With
-    `prime`, only the scenario's primer calls (the process before the one that times)."""
+    shape: the calls that ran before it (`before`; `refused`: those the backend refused), ms (eager median, CUDA
+    only), graph_ms (CUDA only; nan where capture fails), the output's hash. With `prime`, only the scenario's
+    primer calls (the process before the one that times)."""
     import torch
 
     import gdnlab
@@ -84,25 +85,27 @@ def run_scenario(scenario: str, backend: str, shapes: list[tuple[int, int]], hea
         out = gdnlab.chunk_gated_delta_rule(**kw, backend=backend, **options)
         return out[0] if isinstance(out, tuple) else out
 
-    before = 0  # calls made before the timed ones, in this process
+    before = refused = 0  # calls made before the timed ones in this process, and those the backend refused
     for B, T, h in spec.get("primer" if prime else "before", []):
         call(make_inputs(B=B, T=T, seed=1, device=device, **h))
         before += 1
-    if spec.get("conformance") and not prime:  # the field's order: its conformance cases first, as that part calls
+    if spec.get("conformance") and not prime:  # the conformance part's cases in its order, this backend's calls only
         from benchmarks.conformance import case_kwargs, cases
         for case, svf in cases():
             try:
                 gdnlab.chunk_gated_delta_rule(**case_kwargs(case, svf, device), backend=backend)
                 before += 1
-            except Exception:  # noqa: BLE001 (a case the backend refuses is refused there too; only order counts)
-                pass
+            except Exception:  # noqa: BLE001 (the conformance part records a refusal as a failed case and goes on)
+                refused += 1
+        if device == "cuda":
+            torch.cuda.synchronize()  # a fault in those calls surfaces here, not in the timed ones
     if prime:
         return []
     rows = []
     for B, T in shapes:
         inp = make_inputs(B=B, T=T, seed=0, device=device, **heads)
-        row: dict[str, Any] = dict(scenario=scenario, backend=backend, B=B, T=T, before=before, ms=float("nan"),
-                                   graph_ms=float("nan"), error="")
+        row: dict[str, Any] = dict(scenario=scenario, backend=backend, B=B, T=T, before=before, refused=refused,
+                                   ms=float("nan"), graph_ms=float("nan"), error="")
         try:
             row["sha256"] = output_hash(call(inp))
             if device == "cuda":

@@ -244,28 +244,36 @@ def by_start(backend: str, devices: Sequence[str] = ("h100", "h200"), shape: str
     with an initial state (NaN where no sweep of the start ran it) and its graph ms at `shape` (NaN where no bench
     timed it; a cut bench's bench_log.csv counts), the latest run of the start giving each. Two runs of one start
     filed without ``continues`` are two rows: a start is what the registry chains, not what the dates suggest."""
-    rows: dict[tuple[str, str], dict] = {}
+    rows = []
     for device in devices:
+        last: dict[str, str] = {}  # start -> its latest run (a start's runs form one chain)
         for rid in runs.runs(device).run_id:
-            folder = runs.data_dir(device) / rid
-            start = runs.continued(rid, device)[0]
-            row = rows.setdefault((device, start), dict(device=device, start=start, card="", error=np.nan,
-                                                        graph_ms=np.nan))
-            if (folder / "sweep.csv").exists():
-                sw = pd.read_csv(folder / "sweep.csv")
+            last[runs.continued(rid, device)[0]] = rid
+        for start, rid in last.items():
+            row = dict(device=device, start=start, card="", error=np.nan, graph_ms=np.nan)
+            try:
+                sw = runs.load_chain(rid, "sweep.csv", device)
+            except runs.RunError:
+                sw = pd.DataFrame(columns=["backend"])
+            if "regime" in sw:
                 at = sw[(sw.backend == backend) & (sw.regime == regime) & (sw.n_chunks == chunks)
-                        & sw.initial_state.astype(bool)] if "backend" in sw else sw.iloc[:0]
+                        & sw.initial_state.astype(bool)]
+                at = at[_ran(at)] if "error" in at else at
                 if len(at):
                     row.update(error=float(at.max_abs_err.iloc[-1]), card=str(at.device.iloc[-1]))
-            name = next((n for n in ("bench.csv", "bench_log.csv") if (folder / n).exists()), None)
-            if name:
-                b = pd.read_csv(folder / name)
-                b = load_bench_frame(b[b.backend == backend]) if "backend" in b else b.iloc[:0]
-                b = b[b["shape"] == shape] if len(b) else b
-                if len(b):
-                    row.update(graph_ms=float(b.graph_ms.median()), card=str(b.device.iloc[-1]))
-    out = pd.DataFrame([r for r in rows.values() if r["card"]], columns=["device", "start", "card", "error",
-                                                                         "graph_ms"])
+            try:
+                b = runs.load_chain(rid, ("bench.csv", "bench_log.csv"), device)
+            except runs.RunError:
+                b = pd.DataFrame(columns=["backend"])
+            b = b[b.backend == backend] if "backend" in b else b.iloc[:0]
+            b = load_bench_frame(b) if len(b) else b
+            b = b[b["shape"] == shape] if len(b) else b
+            if len(b):
+                row.update(graph_ms=float(b[b.run_id == b.run_id.iloc[-1]].graph_ms.median()),
+                           card=str(b.device.iloc[-1]))
+            if row["card"]:
+                rows.append(row)
+    out = pd.DataFrame(rows, columns=["device", "start", "card", "error", "graph_ms"])
     return out.sort_values("start", kind="stable").reset_index(drop=True)
 
 
@@ -285,11 +293,12 @@ def two_modes(starts: pd.DataFrame, digits: int = 4) -> Finding:
         raise _fail("two_modes: the higher-error computation was not faster in every start that timed both",
                     {f"{r.device} {r.start}": (r.mode, round(r.graph_ms, 4)) for r in both.itertuples()})
     n = {v: int((errs == v).sum()) for v in values}
-    return Finding(f"Over {len(errs)} starts the error took two values, {values[0]:.{digits - 1}e} ({n[values[0]]} "
-                   f"starts) and {values[1]:.{digits - 1}e} ({n[values[1]]}); in the {len(both)} starts that also "
-                   f"timed it, the higher-error computation took {high.min():.3f}-{high.max():.3f} ms and the other "
-                   f"{low.min():.3f}-{low.max():.3f} ms.", {f"{r.device} {r.start}": (r.mode, round(r.graph_ms, 4))
-                                                              for r in both.itertuples()})
+    lo, hi = (f"{v:.{digits - 1}e}" for v in values)
+    timed = {f"{r.device} {r.start}": (r.mode, round(r.graph_ms, 4)) for r in both.itertuples()}
+    return Finding(f"Over {len(errs)} starts (as the registry chains them) the error took two values, {lo} "
+                   f"({n[values[0]]} starts) and {hi} ({n[values[1]]}); in the {len(both)} starts that also timed "
+                   f"it, the higher-error computation took {high.min():.3f}-{high.max():.3f} ms and the other "
+                   f"{low.min():.3f}-{low.max():.3f} ms.", timed)
 
 
 def _host_time(e: pd.DataFrame, g: pd.DataFrame, shape: str, host_us: float) -> list[dict]:

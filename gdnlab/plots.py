@@ -14,8 +14,9 @@ from matplotlib.figure import Figure
 
 from gdnlab.metrics import ulp_bf16
 
-__all__ = ["error_vs_chunks", "field_errors", "relative_time_heatmap", "modes_by_start", "ratio_vs_chunks", "ratio_vs_decay", "ratio_heatmap", "bv_bars", "ablation_bars",
-           "isolation_bars", "error_budget", "save_figure", "show"]
+__all__ = ["error_vs_chunks", "field_errors", "relative_time_heatmap", "start_ratio_heatmap", "modes_by_start",
+           "ratio_vs_chunks", "ratio_vs_decay", "ratio_heatmap", "bv_bars", "ablation_bars", "isolation_bars",
+           "error_budget", "save_figure", "show"]
 
 _ULP_LABEL = "bf16 unit roundoff $2^{-8}$"
 
@@ -126,9 +127,10 @@ def modes_by_start(starts: pd.DataFrame, label: str, digits: int = 4) -> Figure:
     df = starts.dropna(subset=["graph_ms"]).reset_index(drop=True)
     if df.empty:
         raise ValueError("modes_by_start: no start timed the backend")
-    df = df.assign(mode=df.error.map(lambda e: "no sweep" if pd.isna(e) else f"error {e:.{digits - 1}e}"),
+    name = {e: f"error {e:.{digits - 1}e}" for e in sorted(df.error.dropna().unique())}
+    df = df.assign(mode=df.error.map(lambda e: "no sweep" if pd.isna(e) else name[e]),
                    when=df.start.str.slice(0, 15).str.replace("T", " "))
-    modes = sorted(m for m in df["mode"].unique() if m != "no sweep")  # the same string form sorts by value
+    modes = list(dict.fromkeys(name.values()))  # by error, smallest first
     palette = dict(zip(modes, sns.color_palette("deep", len(modes))), **{"no sweep": (0.6, 0.6, 0.6)})
     fig, ax = plt.subplots(figsize=(3.2 + 0.62 * len(df), 3.4))
     sns.scatterplot(df, x="when", y="graph_ms", hue="mode", style="card", palette=palette, s=90, ax=ax)

@@ -116,6 +116,32 @@ def test_env_records_the_host_it_ran_on():
     assert len(h["load_average"]) in (0, 3)
 
 
+def test_peer_modes_keeps_the_scenarios_that_ran_when_stopped(tmp_path, monkeypatch):
+    """modes.csv is written after every scenario: a call cut off (here Ctrl-C in the second scenario's process)
+    keeps the first one's rows, and a scenario whose process failed is a row naming its exit status."""
+    import subprocess
+    import pandas as pd
+    from benchmarks import peer_modes
+    calls = []
+
+    def fake_run(cmd, env):
+        scenario = cmd[cmd.index("--child") + 1]
+        calls.append(scenario)
+        if scenario == "grad":
+            raise KeyboardInterrupt
+        if scenario == "alone":
+            (tmp_path / "alone.json").write_text('[{"scenario": "alone", "backend": "two_kernel", "sha256": "ab"}]')
+        return subprocess.CompletedProcess(cmd, 0 if scenario == "alone" else 3)
+
+    monkeypatch.setattr(peer_modes.subprocess, "run", fake_run)
+    with pytest.raises(KeyboardInterrupt):
+        peer_modes.main(["--out", str(tmp_path), "--backend", "two_kernel", "--scenarios", "alone,after-small,grad",
+                         "--device", "cpu"])
+    rows = pd.read_csv(tmp_path / "modes.csv")
+    assert calls == ["alone", "after-small", "grad"] and list(rows.scenario) == ["alone", "after-small"]
+    assert rows.sha256[0] == "ab" and rows.error[1] == "process exited 3" and rows.kernels[0] == 0
+
+
 def test_peer_modes_hashes_the_same_computation_alike_and_refuses_bad_shapes(tmp_path, monkeypatch):
     from benchmarks import peer_modes
     for bad in ("32768", "1x", "0x64", "ax64"):

@@ -124,10 +124,18 @@ def test_by_start_reads_a_start_whole_and_two_modes_fails_when_the_data_stop_sup
     t = field.by_start("flashqla").set_index("start")
     # the H100 start of 2026-12-07T2227: its bench and sweep are later calls of the chain (runs.continued)
     row = t.loc["2026-12-07T2227-check"]
-    assert row.device == "h100" and row.card.startswith("NVIDIA H100") and 0 < row.graph_ms and 0 < row.error
+    last = runs.load("2026-12-07T2246-check", "sweep.csv", "h100")  # the start's last sweep and bench
+    want = last[(last.backend == "flashqla") & (last.regime == "slow_gate") & (last.n_chunks == 1024)
+                & last.initial_state.astype(bool)].max_abs_err
+    bench = load_bench_frame(runs.load("2026-12-07T2246-check", "bench.csv", "h100"))
+    assert row.device == "h100" and row.card.startswith("NVIDIA H100") and len(want) == 1
+    assert row.error == want.iloc[0] and row.graph_ms == bench[(bench.backend == "flashqla")
+                                                                & (bench["shape"] == "1x32768")].graph_ms.median()
     assert not t.index.duplicated().any() and "2026-12-07T2238-check" not in t.index
-    mk = lambda err, ms: pd.DataFrame(dict(device="h200", start=[f"s{i}" for i in range(len(err))], card="c",  # noqa: E731
-                                           error=err, graph_ms=ms))
+    def mk(err, ms):
+        return pd.DataFrame(dict(device="h200", start=[f"s{i}" for i in range(len(err))], card="c", error=err,
+                                 graph_ms=ms))
+
     found = field.two_modes(mk([1.469e-3, 1.551e-3, 1.46912e-3, math.nan], [1.3, 0.8, math.nan, 1.2]))
     assert "two values" in found.claim and "0.800-0.800 ms" in found.claim
     with pytest.raises(AssertionError, match="took 3 values"):
