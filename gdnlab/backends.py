@@ -54,7 +54,8 @@ def _triton(path: str, by_size: Callable[[int, int, int], dict[str, Any]] | None
     kernel stores only those h; item 53), and `fused_output` (the state kernel writes the output itself, with the
     output kernel's roundings: no h or V_new in memory, no output kernel, and none of OUTPUT_KERNEL_OPTIONS;
     item 55), and `walk_k_once` (with walk_t, the state kernel loads each chunk's K tiles once, for K S and the
-    state update; the same numbers; item 59).
+    state update; the same numbers; item 59), and `wu_apart` (the prologue stores T only and a kernel of its own
+    forms W and U from it, at `wu_warps` warps; the same products; item 72).
     `by_size(programs, walkers, sms)` gives defaults that depend on the call: programs = chunks x value heads (the
     prologue's grid), walkers = the state kernel's programs (sequences x value heads x V tiles), sms = the device's
     multiprocessors. Options passed to the call override both."""
@@ -86,7 +87,8 @@ def _triton(path: str, by_size: Callable[[int, int, int], dict[str, Any]] | None
             {"downcast", "intra_vnew"} if path == "fused" else {"out_BV", "out_warps", "out_stages", "norm_q_in_output",
                                                                  "index64", "fold_norm", "split_wu",
                                                                  "out_programs", "out_tma", "walk_t",
-                                                                 "out_chunks", "fused_output", "walk_k_once"})
+                                                                 "out_chunks", "fused_output", "walk_k_once",
+                                                                 "wu_apart", "wu_warps"})
         unknown = set(opts) - allowed
         if unknown:
             raise TypeError(f"options: {path} backend does not take {sorted(unknown)}; it takes {sorted(allowed)}")
@@ -118,7 +120,8 @@ def _triton(path: str, by_size: Callable[[int, int, int], dict[str, Any]] | None
                                 stages=int(opts.pop("prologue_stages", 2)),
                                 tma=bool(opts.pop("prologue_tma", False)),
                                 maxnreg=int(opts.pop("prologue_maxnreg", 0)),
-                                store_t=bool(opts.pop("walk_t", False)))
+                                store_t=bool(opts.pop("walk_t", False)),
+                                wu_apart=bool(opts.pop("wu_apart", False)), wu_warps=int(opts.pop("wu_warps", 8)))
         return pipeline.state_and_outputs(x, pro, path, output_final_state=output_final_state,
                                           state_v_first=p.state_v_first, BV=bv, poison=poison, **opts)
 
@@ -197,7 +200,13 @@ def _settle_output(opts: dict[str, Any], given: dict[str, Any], defaults: dict[s
     and U (forms_w_and_u), and its walk_k_once with it. The size rule's (`sized`) walk depth is kept only for the
     walk it was chosen for (the two-kernel walk's 4 would overflow the fused walk's shared memory; the 2 of the
     fused walk loading K once would cost the others their prefetch), and its solve only for a prologue that stores
-    T only (walk_t; the size rule's "moves" was measured there)."""
+    T only (walk_t; the size rule's "moves" was measured there). A caller's wu_apart (W and U formed apart from a
+    stored T) takes the place of a size rule's walk_t; naming both is refused."""
+    if given.get("wu_apart"):
+        if given.get("walk_t"):
+            raise ValueError("wu_apart: W and U are formed for the walk that takes them, and walk_t's walk takes T; "
+                             "name one of them")
+        opts = {**opts, "walk_t": False}
     if opts.get("walk_t") and "walk_t" not in given and forms_w_and_u(
             split_wu=bool(opts.get("split_wu")), tma=bool(opts.get("prologue_tma")),
             solve=opts.get("prologue_solve", SOLVE)):

@@ -27,6 +27,8 @@ SOLVES = ("blocks", "moves", "doubling", "tf32x3", "ieee", "by_blocks")
 #: Forms for timing studies only, whose T is wrong: "identity" (T = I, no solve: what the rest of the prologue
 #: costs). The backends refuse them; benchmarks/prologue_variants.py times them.
 STUDY_SOLVES = ("identity",)
+#: The warps wu_kernel may run at.
+WU_WARPS = (2, 4, 8)
 
 
 @triton.jit
@@ -524,6 +526,33 @@ def _prologue_chunk(bos, eos, i_t, i_hv, kd, vd, wd, ud, q_ptr, k_ptr, v_ptr, g_
             store_tile(u_ptr + i_hv * V, ud, rows, mrow, HV * V, r0, 0, u, VP, V, TMA)
 
 
+
+@triton.jit
+def wu_kernel(t_ptr, k_ptr, v_ptr, beta_ptr, gcum_ptr, lk_ptr, w_ptr, u_ptr, cu_ptr, chunks_ptr, H: tl.constexpr,
+              HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, KP: tl.constexpr, VP: tl.constexpr,
+              BT: tl.constexpr, I64: tl.constexpr = True, FOLD: tl.constexpr = False):
+    """One program per (chunk, value head): W = T diag(beta exp(G)) K and U = T diag(beta) V from the T that a
+    STORE_T prologue stored (bf16 rows), the keys it read (normalised, or raw with FOLD and G - log|k| as W's gate)
+    and the cumulative gate it stored; the same products, operands and roundings as prologue_kernel's W and U
+    without SPLIT, in a kernel of its own that holds no solve (the prologue's registers stay the T-only prologue's)."""
+    i_hv = tl.program_id(1)
+    i_h = i_hv // (HV // H)
+    i_n = tl.load(chunks_ptr + 2 * tl.program_id(0))
+    i_t = tl.load(chunks_ptr + 2 * tl.program_id(0) + 1)
+    bos = as_index(tl.load(cu_ptr + i_n), I64)
+    eos = as_index(tl.load(cu_ptr + i_n + 1), I64)
+    rows = bos + i_t * BT + tl.arange(0, BT)
+    mrow = rows < eos
+    t = load_rows(t_ptr + i_hv * BT, rows, mrow, HV * BT, 0, BT, BT)
+    beta = tl.load(beta_ptr + rows * HV + i_hv, mask=mrow, other=0.0).to(tl.float32)
+    g_row = tl.load(gcum_ptr + rows * HV + i_hv, mask=mrow, other=0.0)
+    if FOLD:
+        g_row = g_row - tl.load(lk_ptr + rows * H + i_h, mask=mrow, other=0.0)
+    kt = load_rows(k_ptr + i_h * K, rows, mrow, H * K, 0, KP, K)
+    store_rows(w_ptr + i_hv * K, rows, mrow, HV * K, 0, _t_times_scaled(t, kt, beta * tl.exp(g_row)), KP, K)
+    vt = load_rows(v_ptr + i_hv * V, rows, mrow, HV * V, 0, VP, V)
+    store_rows(u_ptr + i_hv * V, rows, mrow, HV * V, 0, _t_times_scaled(t, vt, beta), VP, V)
+
 _PLANS: dict = {}
 
 
@@ -643,7 +672,7 @@ def run_prologue(q, k, v, g, beta, plan: ChunkPlan, use_qk_l2norm: bool, poison:
                  fuse_norm: bool = False, num_warps: int = 4, solve: str = SOLVE,
                  norm_q_in_output: bool = False, index64: bool | None = None, fold_norm: bool = False,
                  split_wu: bool = False, programs: int = 0, stages: int = 2, tma: bool = False,
-                 store_t: bool = False, maxnreg: int = 0) -> Prologue:
+                 store_t: bool = False, maxnreg: int = 0, wu_apart: bool = False, wu_warps: int = 8) -> Prologue:
     """Launch the shared prologue on flattened `[tokens, heads, D]` tensors. The q/k l2-norm runs as two launches
     of l2norm_kernel (as the two-kernel pipeline does) or, with `fuse_norm`, inside the prologue kernel; with
     `norm_q_in_output` only k's runs here and q's is left to the output kernel (Prologue.norm_q). With `fold_norm`
@@ -656,7 +685,9 @@ def run_prologue(q, k, v, g, beta, plan: ChunkPlan, use_qk_l2norm: bool, poison:
     STORE_T; Prologue.t), for a state kernel that applies T itself (two_kernel's walk_t); not with split_wu, tma or
     the "by_blocks" solve. `maxnreg`: the registers a thread may use (0: the compiler's
     choice, up to 255; an NVIDIA launch option); fewer let more programs share a multiprocessor at the cost of
-    spills (item 50)."""
+    spills (item 50). `wu_apart`: the prologue stores T only (its STORE_T) and wu_kernel then forms W and U from it
+    at `wu_warps` warps (WU_WARPS; 8 by default, where its sm_90 build holds 64 registers a thread and no spills),
+    the same products apart from the solve (not with store_t, nor where store_t is refused; item 72)."""
     if maxnreg and not 32 <= maxnreg <= 255:
         raise ValueError(f"maxnreg: must be 0 or from 32 to 255, got {maxnreg!r}")
     if programs < 0 or stages < 1:
@@ -665,6 +696,11 @@ def run_prologue(q, k, v, g, beta, plan: ChunkPlan, use_qk_l2norm: bool, poison:
         raise ValueError("tma: takes a whole-chunk solve, not by_blocks")
     if store_t and forms_w_and_u(split_wu=split_wu, tma=tma, solve=solve):
         raise ValueError("store_t: takes neither split_wu nor tma nor the by_blocks solve (no W or U is formed)")
+    if wu_apart and (store_t or forms_w_and_u(split_wu=split_wu, tma=tma, solve=solve)):
+        raise ValueError("wu_apart: W and U are formed from a stored T; takes neither store_t nor split_wu nor tma "
+                         "nor the by_blocks solve")
+    if wu_warps not in WU_WARPS:
+        raise ValueError(f"wu_warps: must be one of {', '.join(map(str, WU_WARPS))}, got {wu_warps!r}")
     tokens, H, K = k.shape
     HV, V = v.shape[1], v.shape[2]
     dev = k.device
@@ -681,7 +717,7 @@ def run_prologue(q, k, v, g, beta, plan: ChunkPlan, use_qk_l2norm: bool, poison:
     qn = alloc(q.shape, q.dtype, dev, poison) if norm_inside else q
     kn = alloc(k.shape, k.dtype, dev, poison) if norm_inside else k
     g_cum = alloc((tokens, HV), torch.float32, dev, poison)
-    t = alloc((tokens, HV, BT), torch.bfloat16, dev, poison) if store_t else None
+    t = alloc((tokens, HV, BT), torch.bfloat16, dev, poison) if store_t or wu_apart else None
     w = None if store_t else alloc((tokens, HV, K), torch.bfloat16, dev, poison)
     u = None if store_t else alloc((tokens, HV, V), torch.bfloat16, dev, poison)
     tma = tma and tma_ok(k, v, w, u)
@@ -690,13 +726,20 @@ def run_prologue(q, k, v, g, beta, plan: ChunkPlan, use_qk_l2norm: bool, poison:
     if plan.n_chunks:
         segs = plan.runs(programs)
         launch(prologue_kernel, (plan.n_chunks if segs is None else segs.shape[0], HV), q, k, v, g, beta, qn, kn,
-               g_cum, *((t, t, t) if store_t else (w, u, g_cum)), plan.cu_seqlens, plan.chunks,
+               g_cum, *((t, t, t) if store_t or wu_apart else (w, u, g_cum)), plan.cu_seqlens, plan.chunks,
                g_q if fold else g_cum, g_k if fold else g_cum,
                log_norms[0] if fold else g_cum, log_norms[1] if fold else g_cum,
                plan.chunks if segs is None else segs, H=H, HV=HV, K=K, V=V, KP=pow2(K), LOOP=segs is not None,
                LOOP_STAGES=stages, TMA=tma,
                VP=pow2(V), BT=BT, NORM=norm_inside, SOLVE=solve, num_warps=num_warps, device=dev,
                I64=wide_index(q, v, t if store_t else w) if index64 is None else index64, FOLD=fold,
-               SPLIT=split_wu, STORE_T=store_t, **({"maxnreg": maxnreg} if maxnreg else {}))
+               SPLIT=split_wu, STORE_T=store_t or wu_apart, **({"maxnreg": maxnreg} if maxnreg else {}))
+        if wu_apart:
+            launch(wu_kernel, (plan.n_chunks, HV), t, kn, v, beta, g_cum, log_norms[1] if fold else g_cum, w, u,
+                   plan.cu_seqlens, plan.chunks, H=H, HV=HV, K=K, V=V, KP=pow2(K), VP=pow2(V), BT=BT,
+                   I64=wide_index(q, v, w) if index64 is None else index64, FOLD=fold,
+                   num_warps=wu_warps, device=dev)
+    if wu_apart:
+        t = None  # the walk takes W and U
     return Prologue(qn, kn, g_cum, w, u, norm_q, g_q, g_k, t, log_norms[1] if fold and store_t else None,
                     beta if store_t else None)
