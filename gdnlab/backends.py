@@ -55,7 +55,8 @@ def _triton(path: str, by_size: Callable[[int, int, int], dict[str, Any]] | None
     output kernel's roundings: no h or V_new in memory, no output kernel, and none of OUTPUT_KERNEL_OPTIONS;
     item 55), and `walk_k_once` (with walk_t, the state kernel loads each chunk's K tiles once, for K S and the
     state update; the same numbers; item 59), and `wu_apart` (the prologue stores T only and a kernel of its own
-    forms W and U from it, at `wu_warps` warps; the same products; item 72).
+    forms W and U from it, at `wu_warps` warps, for the walk that takes W and U, fused for batches; the prologue's
+    products; item 72).
     `by_size(programs, walkers, sms)` gives defaults that depend on the call: programs = chunks x value heads (the
     prologue's grid), walkers = the state kernel's programs (sequences x value heads x V tiles), sms = the device's
     multiprocessors. Options passed to the call override both."""
@@ -200,13 +201,16 @@ def _settle_output(opts: dict[str, Any], given: dict[str, Any], defaults: dict[s
     and U (forms_w_and_u), and its walk_k_once with it. The size rule's (`sized`) walk depth is kept only for the
     walk it was chosen for (the two-kernel walk's 4 would overflow the fused walk's shared memory; the 2 of the
     fused walk loading K once would cost the others their prefetch), and its solve only for a prologue that stores
-    T only (walk_t; the size rule's "moves" was measured there). A caller's wu_apart (W and U formed apart from a
-    stored T) takes the place of a size rule's walk_t; naming both is refused."""
-    if given.get("wu_apart"):
-        if given.get("walk_t"):
-            raise ValueError("wu_apart: W and U are formed for the walk that takes them, and walk_t's walk takes T; "
-                             "name one of them")
-        opts = {**opts, "walk_t": False}
+    T only (walk_t; the size rule's "moves" was measured there). wu_apart (W and U formed apart from a stored T)
+    and walk_t exclude each other: the one the caller names wins over a default's or a size rule's, naming both is
+    refused, and wu_warps is refused without wu_apart."""
+    if given.get("wu_warps") is not None and not opts.get("wu_apart"):
+        raise ValueError("wu_warps: the warps of wu_kernel, which runs only with wu_apart")
+    if opts.get("wu_apart") and opts.get("walk_t"):
+        if given.get("wu_apart") and given.get("walk_t"):
+            raise ValueError("wu_apart: W and U are formed for the walk that takes them, and walk_t's walk takes "
+                             "T; name one of them")
+        opts = {**opts, "wu_apart": False} if given.get("walk_t") else {**opts, "walk_t": False}
     if opts.get("walk_t") and "walk_t" not in given and forms_w_and_u(
             split_wu=bool(opts.get("split_wu")), tma=bool(opts.get("prologue_tma")),
             solve=opts.get("prologue_solve", SOLVE)):

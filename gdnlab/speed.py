@@ -345,8 +345,9 @@ def floor_fraction(bench: pd.DataFrame, timing: str = "graph_ms") -> pd.DataFram
 
 #: Kernel-name fragments -> the pipeline stage they belong to (the lab's kernels and FLA 0.6's).
 STAGES = (("l2norm", "l2-norm"), ("log_norm", "l2-norm"), ("prologue", "prologue"), ("cumsum", "prologue"),
-          ("kkt", "prologue"), ("recompute_w_u", "prologue"), ("fwd_h", "state kernel"), ("kernel_h", "state kernel"),
-          ("fwd_o", "output kernel"), ("kernel_o", "output kernel"))
+          ("kkt", "prologue"), ("recompute_w_u", "prologue"), ("wu_kernel", "prologue"),
+          ("fwd_h", "state kernel"), ("kernel_h", "state kernel"), ("fwd_o", "output kernel"),
+          ("kernel_o", "output kernel"))
 
 
 def _stage(kernel: str) -> str:

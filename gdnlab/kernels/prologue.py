@@ -533,8 +533,10 @@ def wu_kernel(t_ptr, k_ptr, v_ptr, beta_ptr, gcum_ptr, lk_ptr, w_ptr, u_ptr, cu_
               BT: tl.constexpr, I64: tl.constexpr = True, FOLD: tl.constexpr = False):
     """One program per (chunk, value head): W = T diag(beta exp(G)) K and U = T diag(beta) V from the T that a
     STORE_T prologue stored (bf16 rows), the keys it read (normalised, or raw with FOLD and G - log|k| as W's gate)
-    and the cumulative gate it stored; the same products, operands and roundings as prologue_kernel's W and U
-    without SPLIT, in a kernel of its own that holds no solve (the prologue's registers stay the T-only prologue's)."""
+    and the cumulative gate it stored; prologue_kernel's products of W and U without SPLIT, on the same operands
+    rounded the same way, in a kernel of its own that holds no solve (the prologue's registers stay the T-only
+    prologue's). Bit-equal to them on the CPU interpreter; on a GPU another warp count may build other MMA
+    instructions."""
     i_hv = tl.program_id(1)
     i_h = i_hv // (HV // H)
     i_n = tl.load(chunks_ptr + 2 * tl.program_id(0))
@@ -687,7 +689,7 @@ def run_prologue(q, k, v, g, beta, plan: ChunkPlan, use_qk_l2norm: bool, poison:
     choice, up to 255; an NVIDIA launch option); fewer let more programs share a multiprocessor at the cost of
     spills (item 50). `wu_apart`: the prologue stores T only (its STORE_T) and wu_kernel then forms W and U from it
     at `wu_warps` warps (WU_WARPS; 8 by default, where its sm_90 build holds 64 registers a thread and no spills),
-    the same products apart from the solve (not with store_t, nor where store_t is refused; item 72)."""
+    prologue_kernel's products apart from the solve (not with store_t, nor where store_t is refused; item 72)."""
     if maxnreg and not 32 <= maxnreg <= 255:
         raise ValueError(f"maxnreg: must be 0 or from 32 to 255, got {maxnreg!r}")
     if programs < 0 or stages < 1:
@@ -732,12 +734,13 @@ def run_prologue(q, k, v, g, beta, plan: ChunkPlan, use_qk_l2norm: bool, poison:
                plan.chunks if segs is None else segs, H=H, HV=HV, K=K, V=V, KP=pow2(K), LOOP=segs is not None,
                LOOP_STAGES=stages, TMA=tma,
                VP=pow2(V), BT=BT, NORM=norm_inside, SOLVE=solve, num_warps=num_warps, device=dev,
-               I64=wide_index(q, v, t if store_t else w) if index64 is None else index64, FOLD=fold,
+               I64=wide_index(q, v, *(x for x in (t, w) if x is not None)) if index64 is None else index64,
+               FOLD=fold,
                SPLIT=split_wu, STORE_T=store_t or wu_apart, **({"maxnreg": maxnreg} if maxnreg else {}))
         if wu_apart:
             launch(wu_kernel, (plan.n_chunks, HV), t, kn, v, beta, g_cum, log_norms[1] if fold else g_cum, w, u,
                    plan.cu_seqlens, plan.chunks, H=H, HV=HV, K=K, V=V, KP=pow2(K), VP=pow2(V), BT=BT,
-                   I64=wide_index(q, v, w) if index64 is None else index64, FOLD=fold,
+                   I64=wide_index(q, v, w, t) if index64 is None else index64, FOLD=fold,
                    num_warps=wu_warps, device=dev)
     if wu_apart:
         t = None  # the walk takes W and U
