@@ -242,7 +242,8 @@ def by_start(backend: str, devices: Sequence[str] = ("h100", "h200"), shape: str
     """One row per machine start whose runs hold `backend`'s sweep or bench rows, over the registries of `devices`:
     the start (its first run, runs.continued), the card, the backend's max error at `chunks` chunks in `regime`
     with an initial state (NaN where no sweep of the start ran it) and its graph ms at `shape` (NaN where no bench
-    timed it; a cut bench's bench_log.csv counts), the latest run of the start giving each. Two runs of one start
+    timed it; a cut bench's bench_log.csv counts), the latest run of the start giving each, with its torch, Triton
+    and input seeds (the sweep's seed 0, the bench's sets). Two runs of one start
     filed without ``continues`` are two rows: a start is what the registry chains, not what the dates suggest."""
     rows = []
     for device in devices:
@@ -250,7 +251,8 @@ def by_start(backend: str, devices: Sequence[str] = ("h100", "h200"), shape: str
         for rid in runs.runs(device).run_id:
             last[runs.continued(rid, device)[0]] = rid
         for start, rid in last.items():
-            row = dict(device=device, start=start, card="", error=np.nan, graph_ms=np.nan)
+            row = dict(device=device, start=start, card="", error=np.nan, graph_ms=np.nan, torch="", triton="",
+                       seed="")
             try:
                 sw = runs.load_chain(rid, "sweep.csv", device)
             except runs.RunError:
@@ -260,7 +262,8 @@ def by_start(backend: str, devices: Sequence[str] = ("h100", "h200"), shape: str
                         & sw.initial_state.astype(bool)]
                 at = at[_ran(at)] if "error" in at else at
                 if len(at):
-                    row.update(error=float(at.max_abs_err.iloc[-1]), card=str(at.device.iloc[-1]))
+                    row.update(error=float(at.max_abs_err.iloc[-1]), card=str(at.device.iloc[-1]),
+                               torch=str(at.torch.iloc[-1]), triton=str(at.triton.iloc[-1]), seed="0 (sweep)")
             try:
                 b = runs.load_chain(rid, ("bench.csv", "bench_log.csv"), device)
             except runs.RunError:
@@ -270,10 +273,11 @@ def by_start(backend: str, devices: Sequence[str] = ("h100", "h200"), shape: str
             b = b[b["shape"] == shape] if len(b) else b
             if len(b):
                 row.update(graph_ms=float(b[b.run_id == b.run_id.iloc[-1]].graph_ms.median()),
-                           card=str(b.device.iloc[-1]))
+                           card=str(b.device.iloc[-1]), torch=str(b.torch.iloc[-1]), triton=str(b.triton.iloc[-1]),
+                           seed="; ".join(x for x in (row["seed"], f"{b.seed.iloc[-1]} (bench)") if x))
             if row["card"]:
                 rows.append(row)
-    out = pd.DataFrame(rows, columns=["device", "start", "card", "error", "graph_ms"])
+    out = pd.DataFrame(rows, columns=["device", "start", "card", "error", "graph_ms", "torch", "triton", "seed"])
     return out.sort_values("start", kind="stable").reset_index(drop=True)
 
 
