@@ -526,7 +526,6 @@ def _prologue_chunk(bos, eos, i_t, i_hv, kd, vd, wd, ud, q_ptr, k_ptr, v_ptr, g_
             store_tile(u_ptr + i_hv * V, ud, rows, mrow, HV * V, r0, 0, u, VP, V, TMA)
 
 
-
 @triton.jit
 def wu_kernel(t_ptr, k_ptr, v_ptr, beta_ptr, gcum_ptr, lk_ptr, w_ptr, u_ptr, cu_ptr, chunks_ptr, H: tl.constexpr,
               HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, KP: tl.constexpr, VP: tl.constexpr,
