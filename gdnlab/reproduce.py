@@ -205,6 +205,10 @@ def notebook_parameters(spec: NotebookSpec, *, device: str, quick: bool, out_dir
 
 #: Files under these subfolders of a notebook's out_dir are its results; timings/ is volatile (not committed).
 RESULT_DIRS = ("figures", "tables", "timings")
+#: How a kernel that never came up reads (jupyter_client; two kernels started at once can race for a port): the
+#: notebook ran no cell, so it is started again, up to KERNEL_STARTS times in all.
+KERNEL_DIED = "Kernel died before replying to kernel_info"
+KERNEL_STARTS = 3
 #: Extra CSS for every notebook page: wide tables scroll inside the page instead of overflowing it.
 _PAGE_CSS = ("<style>.jp-OutputArea-output table, .jp-RenderedHTMLCommon table{display:block;max-width:100%;"
              "overflow-x:auto}.gdnlab-nav{font-family:system-ui,sans-serif;margin:.5em 1em;font-size:.95em}</style>")
@@ -376,7 +380,8 @@ def _cell_of_timeout(executed: Path, message: str) -> tuple[int | None, str]:
 
 def _worker(job_path: str) -> int:
     """Run one notebook as ``python -m gdnlab.reproduce --worker JOB.json``: execute it with papermill into the
-    job's tmp folder, export its HTML, and write ``result.json`` (ok, findings or error). Exit status 0 or 1."""
+    job's tmp folder, export its HTML, and write ``result.json`` (ok, findings or error). Exit status 0 or 1. A
+    kernel that dies before it answers (KERNEL_DIED: no cell has run) is started again, KERNEL_STARTS times in all."""
     import papermill as pm
     from nbclient.exceptions import CellTimeoutError
 
@@ -385,9 +390,16 @@ def _worker(job_path: str) -> int:
     executed = tmp / f"{name}.ipynb"
     result: dict[str, Any]
     try:
-        pm.execute_notebook(job["nb"], str(executed), parameters=job["params"], kernel_name=job["kernel"],
-                            language="python", cwd=job["cwd"], progress_bar=False, log_output=False,
-                            execution_timeout=job["timeout"], extra_arguments=["--IPKernelApp.log_level=ERROR"])
+        for start in range(1, KERNEL_STARTS + 1):
+            try:
+                pm.execute_notebook(job["nb"], str(executed), parameters=job["params"], kernel_name=job["kernel"],
+                                    language="python", cwd=job["cwd"], progress_bar=False, log_output=False,
+                                    execution_timeout=job["timeout"],
+                                    extra_arguments=["--IPKernelApp.log_level=ERROR"])
+                break
+            except RuntimeError as e:
+                if KERNEL_DIED not in str(e) or start == KERNEL_STARTS:
+                    raise
         _export_html(executed, tmp / f"{name}.html", exclude_input=True, title=job["title"])
         result = dict(ok=True, findings=_findings(executed))
     except CellTimeoutError as e:

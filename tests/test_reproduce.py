@@ -124,3 +124,30 @@ def test_make_lab_installs_only_when_needed_and_runs_as_root(tmp_path):
     again = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
     assert "pip install" not in again and "jupyter lab" in again
     assert ("--allow-root" in again) == (os.geteuid() == 0)
+
+
+@pytest.mark.parametrize("deaths, ok", [(1, True), (3, False)])
+def test_a_kernel_that_dies_before_it_answers_is_started_again(tmp_path, monkeypatch, deaths, ok):
+    """A notebook whose kernel dies at start (two kernels racing for a port) is run again, up to KERNEL_STARTS
+    starts; any other error, or a kernel dying every time, fails the notebook with that error."""
+    import papermill
+
+    from gdnlab import reproduce as rp
+    calls = []
+
+    def execute(nb, out, **kw):
+        calls.append(out)
+        if len(calls) <= deaths:
+            raise RuntimeError(rp.KERNEL_DIED)
+        Path(out).write_text("{}")
+
+    monkeypatch.setattr(papermill, "execute_notebook", execute)
+    monkeypatch.setattr(rp, "_export_html", lambda *a, **k: None)
+    monkeypatch.setattr(rp, "_findings", lambda nb: [])
+    job = tmp_path / "job.json"
+    job.write_text(json.dumps(dict(tmp=str(tmp_path), name="n", nb="n.ipynb", params={}, kernel="python3",
+                                   cwd=str(tmp_path), timeout=None, title="n")))
+    assert rp._worker(str(job)) == (0 if ok else 1)
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert result["ok"] is ok and len(calls) == min(deaths + 1, rp.KERNEL_STARTS)
+    assert ok or rp.KERNEL_DIED in result["error"]
