@@ -243,8 +243,8 @@ def by_start(backend: str, devices: Sequence[str] = ("h100", "h200"), shape: str
     the start (its first run, runs.continued), the card, the backend's max error at `chunks` chunks in `regime`
     with an initial state (NaN where no sweep of the start ran it) and its graph ms at `shape` (NaN where no bench
     timed it; a cut bench's bench_log.csv counts), the latest run of the start giving each, with its torch, Triton
-    and input seeds (the sweep's seed 0, the bench's sets). Two runs of one start
-    filed without ``continues`` are two rows: a start is what the registry chains, not what the dates suggest."""
+    and input seeds (the sweep's seed 0, the bench's sets). Two runs of one start filed without ``continues`` are
+    two rows: a start is what the registry chains, not what the dates suggest."""
     rows = []
     for device in devices:
         last: dict[str, str] = {}  # start -> its latest run (a start's runs form one chain)
@@ -292,13 +292,12 @@ def two_modes(starts: pd.DataFrame, digits: int = 4) -> Finding:
         raise _fail(f"two_modes: the error took {len(values)} values over {len(errs)} starts, not two",
                     dict(zip(starts.start[errs.index], errs)))
     both = starts.loc[errs.index].assign(mode=errs).dropna(subset=["graph_ms"])
+    timed = {f"{r.device} {r.start}": (r.mode, round(r.graph_ms, 4)) for r in both.itertuples()}
     low, high = (both[both["mode"] == v].graph_ms for v in values)
     if low.empty or high.empty or not high.max() < low.min():
-        raise _fail("two_modes: the higher-error computation was not faster in every start that timed both",
-                    {f"{r.device} {r.start}": (r.mode, round(r.graph_ms, 4)) for r in both.itertuples()})
+        raise _fail("two_modes: the higher-error computation was not faster in every start that timed both", timed)
     n = {v: int((errs == v).sum()) for v in values}
     lo, hi = (f"{v:.{digits - 1}e}" for v in values)
-    timed = {f"{r.device} {r.start}": (r.mode, round(r.graph_ms, 4)) for r in both.itertuples()}
     return Finding(f"Over {len(errs)} starts (as the registry chains them) the error took two values, {lo} "
                    f"({n[values[0]]} starts) and {hi} ({n[values[1]]}); in the {len(both)} starts that also timed "
                    f"it, the higher-error computation took {high.min():.3f}-{high.max():.3f} ms and the other "
