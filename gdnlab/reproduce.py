@@ -227,6 +227,8 @@ def _export_html(nb_path: Path, html_path: Path, exclude_input: bool, title: str
     for i, c in enumerate(nb.cells):  # papermill gives its injected cell a random id: the page would change each run
         if "injected-parameters" in c.get("metadata", {}).get("tags", []):
             c["id"] = f"injected-parameters-{i}"
+        if "outputs" in c:
+            c["outputs"] = _merged_streams(c["outputs"])
     exporter = HTMLExporter(exclude_input=exclude_input, exclude_input_prompt=exclude_input,
                             exclude_output_prompt=exclude_input)
     body, _ = exporter.from_notebook_node(nb, resources={"metadata": {"name": title or nb_path.stem}})
@@ -236,6 +238,21 @@ def _export_html(nb_path: Path, html_path: Path, exclude_input: bool, title: str
     body = body.replace("</head>", _PAGE_CSS + "</head>", 1)
     body = re.sub(r"(<body[^>]*>)", lambda m: m.group(1) + nav, body, count=1)
     html_path.write_text(body, encoding="utf-8")
+
+
+def _merged_streams(outputs: list[Any]) -> list[Any]:
+    """A cell's outputs with each run of consecutive stream outputs of one stream (stdout, stderr) joined into one:
+    the kernel sends printed text in as many messages as its flushes happened to make, so an unchanged notebook
+    could otherwise render the same lines as one block in one run and as two in the next."""
+    merged: list[Any] = []
+    for out in outputs:
+        prev = merged[-1] if merged else None
+        if (out.get("output_type") == "stream" and prev is not None and prev.get("output_type") == "stream"
+                and prev.get("name") == out.get("name")):
+            prev["text"] = prev["text"] + out["text"]
+        else:
+            merged.append(out)
+    return merged
 
 
 def _stable_style_ids(page: str) -> str:

@@ -151,3 +151,28 @@ def test_a_kernel_that_dies_before_it_answers_is_started_again(tmp_path, monkeyp
     result = json.loads((tmp_path / "result.json").read_text())
     assert result["ok"] is ok and len(calls) == min(deaths + 1, rp.KERNEL_STARTS)
     assert ok or rp.KERNEL_DIED in result["error"]
+
+
+def test_printed_lines_render_the_same_however_the_kernel_split_them(tmp_path):
+    """The same printed text, sent as one stream message or as two, exports to the same page; stdout and stderr
+    and outputs between them stay apart."""
+    import nbformat
+
+    from gdnlab import reproduce as rp
+
+    def page(outputs):
+        nb = nbformat.v4.new_notebook()
+        nb.cells = [nbformat.v4.new_code_cell("print('a'); print('b')", id="c0", outputs=outputs)]
+        src, html_path = tmp_path / "n.ipynb", tmp_path / "n.html"
+        nbformat.write(nb, src)
+        rp._export_html(src, html_path, exclude_input=True)
+        return html_path.read_text()
+
+    out = nbformat.v4.new_output
+    one = page([out("stream", name="stdout", text="line a\nline b\n")])
+    two = page([out("stream", name="stdout", text="line a\n"), out("stream", name="stdout", text="line b\n")])
+    assert one == two
+    apart = page([out("stream", name="stdout", text="line a\n"), out("stream", name="stderr", text="line b\n")])
+    assert apart != one
+    assert rp._merged_streams([out("stream", name="stdout", text="x"), out("display_data", data={"text/plain": "d"}),
+                               out("stream", name="stdout", text="y")])[2]["text"] == "y"
