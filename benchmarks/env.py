@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import platform
 import subprocess
 import sys
 import time
@@ -52,8 +53,27 @@ def host_info() -> dict[str, Any]:
     return dict(cpu=model, cpus=os.cpu_count(), load_average=[round(x, 2) for x in load])
 
 
+#: nvidia-smi's fields that name the physical card and its settings, not only its model.
+CARD_FIELDS = ("uuid", "pci.bus_id", "vbios_version", "ecc.mode.current", "power.limit", "clocks.applications.graphics")
+
+
+def card_info() -> dict[str, str]:
+    """Which card and host the run had (nvidia-smi's CARD_FIELDS of the first GPU, the host's name): two machine
+    starts with one GPU model, driver and versions can still differ in the card they lend (speed notes item 68:
+    FlashQLA's two modes), and only these tell them apart afterwards. Empty fields where nvidia-smi answers
+    nothing."""
+    try:
+        out = subprocess.run(["nvidia-smi", f"--query-gpu={','.join(CARD_FIELDS)}", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        out = ""
+    first = (out.strip().splitlines() or [""])[0]
+    values = [v.strip() for v in first.split(",")] if first else []
+    return {**dict(zip(CARD_FIELDS, values + [""] * (len(CARD_FIELDS) - len(values)))), "host": platform.node()}
+
+
 def env_info() -> dict[str, Any]:
-    """The device (name, driver, clocks, memory, multiprocessors), the torch, Triton, CUDA versions, each peer's
+    """The device (name, driver, clocks, memory, multiprocessors; card_info), the torch, Triton, CUDA versions, each peer's
     version or why it cannot run and the versions of the compilers they bring (TileLang, CuTe DSL), the commit
     (GDNLAB_COMMIT, set by whoever sends the tree), the host (host_info), the date, how eager calls are timed, and
     the registered backends."""
@@ -65,6 +85,6 @@ def env_info() -> dict[str, Any]:
                 nvidia_smi=smi, sms=p.multi_processor_count, torch=torch.__version__, triton=triton.__version__,
                 cuda=torch.version.cuda, peers=peers.peer_status(),
                 peer_dependencies=peers.dependency_versions(), commit=os.environ.get("GDNLAB_COMMIT", "?"),
-                python=sys.version.split()[0], host=host_info(),
+                python=sys.version.split()[0], host=host_info(), card=card_info(),
                 date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                 eager_method=EAGER_METHOD, backends=list(gdnlab.BACKENDS))

@@ -7,6 +7,7 @@ backend), sweep.csv (error vs chunk count to 1024 chunks) and bench.csv (eager a
 """
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Sequence
 
@@ -240,7 +241,8 @@ def outputs_changed_between_starts(outputs: pd.DataFrame, changed: Sequence[str]
 def by_start(backend: str, devices: Sequence[str] = ("h100", "h200"), shape: str = "1x32768", chunks: int = 1024,
              regime: str = "slow_gate") -> pd.DataFrame:
     """One row per machine start whose runs hold `backend`'s sweep or bench rows, over the registries of `devices`:
-    the start (its first run, runs.continued), the card, the backend's max error at `chunks` chunks in `regime`
+    the start (its first run, runs.continued), the card (its model; card_id: the physical card's id where the run
+    recorded one, benchmarks.env.card_info), the backend's max error at `chunks` chunks in `regime`
     with an initial state (NaN where no sweep of the start ran it) and its graph ms at `shape` (NaN where no bench
     timed it; a cut bench's bench_log.csv counts), the latest run of the start giving each, with its torch, Triton
     and input seeds (the sweep's seed 0, the bench's sets). Two runs of one start filed without ``continues`` are
@@ -251,8 +253,8 @@ def by_start(backend: str, devices: Sequence[str] = ("h100", "h200"), shape: str
         for rid in runs.runs(device).run_id:
             last[runs.continued(rid, device)[0]] = rid
         for start, rid in last.items():
-            row = dict(device=device, start=start, card="", error=np.nan, graph_ms=np.nan, torch="", triton="",
-                       seed="")
+            row = dict(device=device, start=start, card="", card_id=_card_id(rid, device), error=np.nan,
+                       graph_ms=np.nan, torch="", triton="", seed="")
             try:
                 sw = runs.load_chain(rid, "sweep.csv", device)
             except runs.RunError:
@@ -277,8 +279,18 @@ def by_start(backend: str, devices: Sequence[str] = ("h100", "h200"), shape: str
                            seed="; ".join(x for x in (row["seed"], f"{b.seed.iloc[-1]} (bench)") if x))
             if row["card"]:
                 rows.append(row)
-    out = pd.DataFrame(rows, columns=["device", "start", "card", "error", "graph_ms", "torch", "triton", "seed"])
+    out = pd.DataFrame(rows, columns=["device", "start", "card", "card_id", "error", "graph_ms", "torch", "triton",
+                                      "seed"])
     return out.sort_values("start", kind="stable").reset_index(drop=True)
+
+
+def _card_id(run_id: str, device: str) -> str:
+    """The GPU uuid the run's env.json records ("" for runs from before it was recorded)."""
+    try:
+        env = json.loads(runs.path(run_id, "env.json", device).read_text())
+    except (OSError, ValueError, runs.RunError):
+        return ""
+    return str((env.get("card") or {}).get("uuid", ""))
 
 
 def two_modes(starts: pd.DataFrame, digits: int = 4) -> Finding:

@@ -172,3 +172,26 @@ def test_peer_modes_hashes_the_same_computation_alike_and_refuses_bad_shapes(tmp
     assert n == 2 and digest and peer_modes.kernel_sources(str(tmp_path / "cache")) == (2, digest)
     (tmp_path / "cache" / "c" / "device_kernel.cu").write_text("w")
     assert peer_modes.kernel_sources(str(tmp_path / "cache"))[1] != digest
+
+
+def test_env_names_the_card_and_tolerates_a_missing_nvidia_smi(monkeypatch):
+    """card_info reads nvidia-smi's fields by name, in order; without nvidia-smi every field is empty, never an
+    error (a CPU machine, or a driver that does not answer)."""
+    import subprocess
+    from benchmarks import env
+
+    def smi(cmd, **kw):
+        assert cmd[1] == "--query-gpu=" + ",".join(env.CARD_FIELDS)
+        return subprocess.CompletedProcess(cmd, 0, stdout="GPU-1234, 00000000:19:00.0, 96.00.AF, Enabled, 700.00 W, "
+                                                         "1980 MHz\nGPU-other, x, y, z, w, v\n", stderr="")
+
+    monkeypatch.setattr(env.subprocess, "run", smi)
+    card = env.card_info()
+    assert card["uuid"] == "GPU-1234" and card["pci.bus_id"] == "00000000:19:00.0"
+    assert card["clocks.applications.graphics"] == "1980 MHz" and card["host"]
+
+    def missing(cmd, **kw):
+        raise FileNotFoundError(cmd[0])
+
+    monkeypatch.setattr(env.subprocess, "run", missing)
+    assert {k: v for k, v in env.card_info().items() if k != "host"} == dict.fromkeys(env.CARD_FIELDS, "")

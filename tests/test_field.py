@@ -146,6 +146,20 @@ def test_by_start_reads_a_start_whole_and_two_modes_fails_when_the_data_stop_sup
         field.two_modes(mk([1.469e-3, 1.551e-3], [math.nan, 0.8]))
 
 
+def test_by_start_names_the_card_a_start_recorded(tmp_path, monkeypatch):
+    """card_id is the uuid the start's latest run recorded in env.json (benchmarks.env.card_info), "" before."""
+    import json
+    import shutil
+    shutil.copytree(runs.data_dir("h100"), tmp_path / "h100")
+    env_path = tmp_path / "h100" / "2026-12-07T2246-check" / "env.json"
+    env = json.loads(env_path.read_text())
+    env_path.write_text(json.dumps({**env, "card": {"uuid": "GPU-test-1"}}))
+    monkeypatch.setattr(runs, "data_dir", lambda device="h200": tmp_path / device)
+    t = field.by_start("flashqla", devices=("h100",)).set_index("start")
+    assert t.loc["2026-12-07T2227-check", "card_id"] == "GPU-test-1"
+    assert (t.drop(index="2026-12-07T2227-check").card_id == "").all() and len(t) > 1
+
+
 def test_modes_by_start_draws_each_timed_start_and_refuses_none():
     from gdnlab import plots
     t = pd.DataFrame(dict(device="h200", start=["2026-12-01T0000-x", "2026-12-02T0000-y"], card="c",
