@@ -504,7 +504,7 @@ def _job_key(j: dict[str, Any]) -> str:
 
 
 #: Build order by jit function, after the shipped fused kernel: the costliest (the prologue: FMA-loop ieee dots) last.
-_FN_ORDER = ("fwd_o_kernel", "fwd_h_kernel", FUSED_FN, "l2norm_kernel", "log_norm_kernel",
+_FN_ORDER = ("fwd_o_kernel", "fwd_h_kernel", FUSED_FN, "l2norm_kernel", "log_norm_kernel", "wu_kernel",
              "prologue_kernel")
 
 

@@ -67,6 +67,10 @@ T_MOVES: dict[str, Any] = {**WALK_T, "prologue_solve": "moves"}
 #: inverted by products ("doubling": six batched 16x16 fp32 products more than the default solve).
 DOUBLING: dict[str, Any] = {**FOLD_NORM, "prologue_solve": "doubling"}
 
+#: wu_apart (docs/speed-notes.md item 72, a candidate for one long sequence): the prologue stores T only ("blocks"
+#: solve, the fold) and wu_kernel forms W and U from it, one program per chunk and value head.
+WU_APART: dict[str, Any] = {**FOLD_NORM, "wu_apart": True}
+
 #: The state kernel's V tiles (option BV) and the output kernel's (option out_BV: fast launches it at 128).
 _STATE = dict(bvs=STATE_BVS)
 _OUTPUT = dict(bvs=OUT_BVS, bv_option="out_BV")
@@ -90,6 +94,8 @@ TWO_KERNEL_BUILDS: dict[str, TwoKernelBuild] = {
     "fwd_h_fused_output": TwoKernelBuild("fwd_h_kernel", FUSED_OUTPUT, **_STATE),
     "fwd_h_batch_layout": TwoKernelBuild("fwd_h_kernel", BATCH_LAYOUT, **_STATE),
     "fwd_h_k_once": TwoKernelBuild("fwd_h_kernel", K_ONCE, **_STATE),
+    "prologue_wu_apart": TwoKernelBuild("prologue_kernel", WU_APART),
+    "wu": TwoKernelBuild("wu_kernel", WU_APART),
 }
 
 #: The jit function every fused variant launches (with its switches as constexprs).
@@ -183,8 +189,9 @@ def kernel_dots(kernel: str, BV: int | None = None, K: int = 128, BT: int = _BT)
 
     Read off gdnlab/kernels: every K-tile loop repeats the same shapes, so each site is listed once. The sites are
     those of the build's jit function (TWO_KERNEL_BUILDS): FOLD changes gates, not dots; walk_t drops the
-    prologue's W and U products and adds T's product to the state kernel; fused_output adds the output's three;
-    the "doubling" solve adds its batched products of the diagonal blocks.
+    prologue's W and U products and adds T's product to the state kernel; wu_apart moves W's and U's to
+    wu_kernel; fused_output adds the output's three; the "doubling" solve adds its batched products of the diagonal
+    blocks.
     BV must be one of the V tiles the kernel takes (KERNEL_BVS: the output kernel's run to 128, N = BV there too).
     """
     if kernel not in KERNELS:
@@ -198,6 +205,7 @@ def kernel_dots(kernel: str, BV: int | None = None, K: int = 128, BT: int = _BT)
     fn = jit_fn(kernel)
     build = TWO_KERNEL_BUILDS[kernel].options if kernel in TWO_KERNEL_BUILDS else {}
     walk_t, fused_output = build.get("walk_t", False), build.get("fused_output", False)
+    t_only = walk_t or build.get("wu_apart", False)  # the prologue stores T, W and U are formed elsewhere
     doubling = build.get("prologue_solve") == "doubling"
     if fn in ("l2norm_kernel", "log_norm_kernel"):
         return []
@@ -208,7 +216,9 @@ def kernel_dots(kernel: str, BV: int | None = None, K: int = 128, BT: int = _BT)
         if doubling:
             solve.append(Dot("diagonal blocks by doubling, batched (ieee)", SOLVE_BLOCK, SOLVE_BLOCK, SOLVE_BLOCK,
                              "fp32"))
-        return solve if walk_t else solve + [Dot("W = T.(beta exp(G) K)", BT, K, BT), Dot("U = T.(beta V)", BT, K, BT)]
+        return solve if t_only else solve + _wu_dots(K, BT)
+    if fn == "wu_kernel":
+        return _wu_dots(K, BT)
     if fn == "fwd_h_kernel":
         walk = [
             Dot("K.h", BT, BV, kt),
@@ -229,6 +239,11 @@ def kernel_dots(kernel: str, BV: int | None = None, K: int = 128, BT: int = _BT)
         Dot(f"A.{f.intra_operand}", BT, BV, BT),
         Dot("V_new^T.K (V-first state update)", BV, kt, BT),
     ]
+
+
+def _wu_dots(K: int, BT: int) -> list[Dot]:
+    """W's and U's products from T (in prologue_kernel, or wu_kernel with wu_apart; V = K here)."""
+    return [Dot("W = T.(beta exp(G) K)", BT, K, BT), Dot("U = T.(beta V)", BT, K, BT)]
 
 
 @dataclass(frozen=True)

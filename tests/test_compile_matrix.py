@@ -142,18 +142,19 @@ def test_frontend_minima_per_release():
 
 def test_job_list():
     full = jobs()
-    # 3 targets; 7 BV-free kernels (l2norm, prologue, log_norm, prologue_fold, prologue_walk_t, prologue_t_moves,
-    # prologue_doubling) x 6 warps/stages,
+    # 3 targets; 9 BV-free kernels (l2norm, prologue, log_norm, prologue_fold, prologue_walk_t, prologue_t_moves,
+    # prologue_doubling, prologue_wu_apart, wu) x 6 warps/stages,
     # 10 kernels at the state BVs (fwd_h, fwd_h_fold, fwd_h_walk_t, fwd_h_fused_output, fwd_h_batch_layout,
     # fwd_h_k_once, 4 fused variants) x 4 BV x 6, the output kernels (fwd_o, fwd_o_fold) x 5 BV x 6
-    assert len(full) == 3 * (7 * 6 + 10 * 4 * 6 + 2 * 5 * 6) == 1026
+    assert len(full) == 3 * (9 * 6 + 10 * 4 * 6 + 2 * 5 * 6) == 1062
     free = ("l2norm", "prologue", "log_norm", "prologue_fold", "prologue_walk_t", "prologue_t_moves",
-            "prologue_doubling")
+            "prologue_doubling", "prologue_wu_apart", "wu")
     assert {j["BV"] for j in full if j["kernel"] in free} == {None}
     assert {j["BV"] for j in full if j["kernel"] in ("fwd_o", "fwd_o_fold")} == {8, 16, 32, 64, 128}
     assert {j["BV"] for j in full if j["kernel"] in ("fwd_h", "fwd_h_fold", "fwd_h_walk_t", "fwd_h_fused_output",
                                                      "fwd_h_batch_layout", "fwd_h_k_once",
                                                      *cm.FUSED_VARIANTS)} == set(BVS)
+    assert sorted(full, key=cm._priority)  # every kernel's jit function has its place in the build order
     quick = jobs(quick=True)
     assert len(quick) == 12 and {j["kernel"] for j in quick} == {"fused_shipped", "fwd_o"}
     # the release sweep: fused_shipped at 4 BVs, fwd_o at 5, on 2 targets
