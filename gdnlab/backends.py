@@ -56,7 +56,8 @@ def _triton(path: str, by_size: Callable[[int, int, int], dict[str, Any]] | None
     item 55), and `walk_k_once` (with walk_t, the state kernel loads each chunk's K tiles once, for K S and the
     state update; the same numbers; item 59), and `wu_apart` (the prologue stores T only and a kernel of its own
     forms W and U from it, at `wu_warps` warps, for the walk that takes W and U, fused for batches; the prologue's
-    products; item 72).
+    products; item 72), and `walk_ws` (the state kernel that takes W and U reads its tiles through tensor
+    descriptors and asks for warp specialisation; the same numbers; item 73).
     `by_size(programs, walkers, sms)` gives defaults that depend on the call: programs = chunks x value heads (the
     prologue's grid), walkers = the state kernel's programs (sequences x value heads x V tiles), sms = the device's
     multiprocessors. Options passed to the call override both."""
@@ -89,7 +90,7 @@ def _triton(path: str, by_size: Callable[[int, int, int], dict[str, Any]] | None
                                                                  "index64", "fold_norm", "split_wu",
                                                                  "out_programs", "out_tma", "walk_t",
                                                                  "out_chunks", "fused_output", "walk_k_once",
-                                                                 "wu_apart", "wu_warps"})
+                                                                 "wu_apart", "wu_warps", "walk_ws"})
         unknown = set(opts) - allowed
         if unknown:
             raise TypeError(f"options: {path} backend does not take {sorted(unknown)}; it takes {sorted(allowed)}")
@@ -203,7 +204,8 @@ def _settle_output(opts: dict[str, Any], given: dict[str, Any], defaults: dict[s
     fused walk loading K once would cost the others their prefetch), and its solve only for a prologue that stores
     T only (walk_t; the size rule's "moves" was measured there). wu_apart (W and U formed apart from a stored T)
     and walk_t exclude each other: the one the caller names wins over a default's or a size rule's, naming both is
-    refused, and wu_warps is refused without wu_apart."""
+    refused, and wu_warps is refused without wu_apart. walk_ws (the warp-specialised walk of W and U) counts as an
+    output-kernel option, and a size rule's walk_t gives way to it."""
     if given.get("wu_warps") is not None and not opts.get("wu_apart"):
         raise ValueError("wu_warps: the warps of wu_kernel, which runs only with wu_apart")
     if opts.get("wu_apart") and opts.get("walk_t"):
@@ -227,6 +229,11 @@ def _settle_output(opts: dict[str, Any], given: dict[str, Any], defaults: dict[s
         raise ValueError(f"fused_output: the state kernel writes the output; {named} do not apply")
     else:
         opts = {n: v for n, v in opts.items() if n not in OUTPUT_KERNEL_OPTIONS}
+    if opts.get("walk_ws") and opts.get("walk_t"):
+        if "walk_t" in given:
+            raise ValueError("walk_ws: the warp-specialised walk takes W and U, and walk_t's walk takes T; name one "
+                             "of them")
+        opts = {**opts, "walk_t": False, "walk_k_once": False}
     if "num_stages" not in given and _walk_of(opts) != _walk_of(sized):
         opts = {n: v for n, v in opts.items() if n != "num_stages"}
     if "prologue_solve" not in given and sized.get("walk_t") and not opts.get("walk_t"):
@@ -258,9 +265,9 @@ def fast_options(lengths: Sequence[int], *, HV: int, V: int, sms: int, **options
 
 
 #: The output kernel's options, which a call with fused_output (no output kernel) refuses when given and drops
-#: when a size rule sets them.
+#: when a size rule sets them; walk_ws among them, as its walk leaves the output to that kernel.
 OUTPUT_KERNEL_OPTIONS = ("out_BV", "out_warps", "out_stages", "out_programs", "out_tma", "out_chunks",
-                         "norm_q_in_output")
+                         "norm_q_in_output", "walk_ws")
 
 #: The looping output kernel's pipeline depth where the caller names none: at V tile 128 three stages need more
 #: shared memory than a Hopper multiprocessor has (267864 B against 232448; docs/speed-notes.md item 39).

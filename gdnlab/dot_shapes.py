@@ -71,6 +71,10 @@ DOUBLING: dict[str, Any] = {**FOLD_NORM, "prologue_solve": "doubling"}
 #: solve, the fold) and wu_kernel forms W and U from it, one program per chunk and value head.
 WU_APART: dict[str, Any] = {**FOLD_NORM, "wu_apart": True}
 
+#: walk_ws (item 73, a candidate for one sequence): the W/U walk's tiles through tensor descriptors, its chunk loop
+#: warp-specialised (on Hopper; the same dots).
+WALK_WS: dict[str, Any] = {**FOLD_NORM, "walk_ws": True}
+
 #: The state kernel's V tiles (option BV) and the output kernel's (option out_BV: fast launches it at 128).
 _STATE = dict(bvs=STATE_BVS)
 _OUTPUT = dict(bvs=OUT_BVS, bv_option="out_BV")
@@ -94,6 +98,7 @@ TWO_KERNEL_BUILDS: dict[str, TwoKernelBuild] = {
     "fwd_h_fused_output": TwoKernelBuild("fwd_h_kernel", FUSED_OUTPUT, **_STATE),
     "fwd_h_batch_layout": TwoKernelBuild("fwd_h_kernel", BATCH_LAYOUT, **_STATE),
     "fwd_h_k_once": TwoKernelBuild("fwd_h_kernel", K_ONCE, **_STATE),
+    "fwd_h_ws": TwoKernelBuild("fwd_h_kernel", WALK_WS, **_STATE),
     "prologue_wu_apart": TwoKernelBuild("prologue_kernel", WU_APART),
     "wu": TwoKernelBuild("wu_kernel", WU_APART),
 }

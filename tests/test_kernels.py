@@ -436,3 +436,37 @@ def test_wu_apart_refuses_what_it_cannot_run(opts, error, match):
         gdnlab.chunk_gated_delta_rule(**kw, backend="fast", wu_warps=4)
     with pytest.raises(TypeError, match="wu_apart"):
         gdnlab.chunk_gated_delta_rule(**kw, backend="fused_fixed", wu_apart=True)
+
+
+def test_walk_ws_gives_fast_s_bits_through_descriptors():
+    """walk_ws (the W/U walk's tiles through tensor descriptors, its loop warp-specialised on Hopper): on a ragged
+    batch with a state and two key heads, at K = 128 (two K tiles) and a V of two tiles, the output and final
+    state are bit-equal to fast's, every element written; the state kernel is launched with WS and no T_FORM, and
+    a repeated call (its plan) gives the same bits. Where the size rule chose walk_t (1024-2048 tokens), walk_ws
+    takes its place and the solve goes back to the default."""
+    from gdnlab import backends
+    from gdnlab.interp import recorded_launches
+    kw = make_inputs(seqlens=[100, 30], H=2, HV=4, K=128, V=64, seed=12).kwargs()
+    want = gdnlab.chunk_gated_delta_rule(**kw, backend="fast", poison=True)
+    with recorded_launches(run=True) as launched:
+        got = gdnlab.chunk_gated_delta_rule(**kw, backend="fast", poison=True, walk_ws=True)
+    assert all(torch.equal(a, b) for a, b in zip(got, want)) and torch.isfinite(got[0]).all()
+    walk = [c for c in launched if c.kernel.__name__ == "fwd_h_kernel"]
+    assert len(walk) == 1 and walk[0].kwargs["WS"] and not walk[0].kwargs["T_FORM"]
+    again = [gdnlab.chunk_gated_delta_rule(**kw, backend="fast", walk_ws=True) for _ in range(2)]
+    assert all(torch.equal(a, b) for r in again for a, b in zip(r, want))
+    sized = backends.fast_by_size(programs=16 * 4 * 132 // 8, walkers=64, sms=132)
+    assert sized.get("walk_t") and sized.get("prologue_solve") == "moves"
+    settled = backends._settle_output({**backends.FAST, **sized, "walk_ws": True}, dict(walk_ws=True),
+                                      backends.FAST, sized)
+    assert settled["walk_ws"] and not settled["walk_t"]
+    assert settled.get("prologue_solve", backends.SOLVE) == backends.FAST.get("prologue_solve", backends.SOLVE)
+
+
+@pytest.mark.parametrize("opts, match", [(dict(walk_t=True), "name one"), (dict(fused_output=True), "fused_output")])
+def test_walk_ws_refuses_the_walks_it_is_not(opts, match):
+    kw = CASES_BY_NAME["t65"].inputs().kwargs()
+    with pytest.raises(ValueError, match=match):
+        gdnlab.chunk_gated_delta_rule(**kw, backend="fast", walk_ws=True, **opts)
+    with pytest.raises(TypeError, match="walk_ws"):
+        gdnlab.chunk_gated_delta_rule(**kw, backend="fused_fixed", walk_ws=True)

@@ -145,9 +145,10 @@ def w_times_h(w_ptr, rows, mrow, sw, k0, h_bf16, K: tl.constexpr):
 
 
 @triton.jit
-def rows_times_h(w_ptr, rows, mrow, sw, k0, h_bf16, K: tl.constexpr):
-    """w_times_h's rows tile and product, the tile for a caller that uses it again (absorb_tiles)."""
-    w = load_rows(w_ptr, rows, mrow, sw, k0, 64, K)
+def rows_times_h(w_ptr, rows, mrow, sw, k0, h_bf16, K: tl.constexpr, desc=None, r0=0, TMA: tl.constexpr = False):
+    """w_times_h's rows tile and product, the tile for a caller that uses it again (absorb_tiles); with TMA the
+    tile comes through `desc` (load_tile)."""
+    w = load_tile(w_ptr, desc, rows, mrow, sw, r0, k0, 64, K, TMA)
     return w, tl.dot(w, h_bf16)
 
 
@@ -158,9 +159,11 @@ def gated_delta(v_new, g_cum, g_last, mrow):
 
 
 @triton.jit
-def absorb(s, k_ptr, rows, mrow, sqk, k0, vg, eg, K: tl.constexpr, V_FIRST: tl.constexpr):
-    """Carry one K tile of the state across a chunk: S = exp(G_last) S + K_tile^T vg ([BV, 64] when V_FIRST)."""
-    return absorb_tile(s, load_rows(k_ptr, rows, mrow, sqk, k0, 64, K), vg, eg, V_FIRST)
+def absorb(s, k_ptr, rows, mrow, sqk, k0, vg, eg, K: tl.constexpr, V_FIRST: tl.constexpr, desc=None, r0=0,
+           TMA: tl.constexpr = False):
+    """Carry one K tile of the state across a chunk: S = exp(G_last) S + K_tile^T vg ([BV, 64] when V_FIRST); with
+    TMA the K tile comes through `desc` (load_tile)."""
+    return absorb_tile(s, load_tile(k_ptr, desc, rows, mrow, sqk, r0, k0, 64, K, TMA), vg, eg, V_FIRST)
 
 
 @triton.jit
@@ -173,15 +176,16 @@ def absorb_tile(s, k, vg, eg, V_FIRST: tl.constexpr):
 
 
 @triton.jit
-def absorb_all(s0, s1, s2, s3, k_ptr, rows, mrow, sqk, vg, eg, K: tl.constexpr, V_FIRST: tl.constexpr):
+def absorb_all(s0, s1, s2, s3, k_ptr, rows, mrow, sqk, vg, eg, K: tl.constexpr, V_FIRST: tl.constexpr, desc=None,
+               r0=0, TMA: tl.constexpr = False):
     """absorb() on every 64-wide K tile of the state (tiles past K stay as they are)."""
-    s0 = absorb(s0, k_ptr, rows, mrow, sqk, 0, vg, eg, K, V_FIRST)
+    s0 = absorb(s0, k_ptr, rows, mrow, sqk, 0, vg, eg, K, V_FIRST, desc, r0, TMA)
     if K > 64:
-        s1 = absorb(s1, k_ptr, rows, mrow, sqk, 64, vg, eg, K, V_FIRST)
+        s1 = absorb(s1, k_ptr, rows, mrow, sqk, 64, vg, eg, K, V_FIRST, desc, r0, TMA)
     if K > 128:
-        s2 = absorb(s2, k_ptr, rows, mrow, sqk, 128, vg, eg, K, V_FIRST)
+        s2 = absorb(s2, k_ptr, rows, mrow, sqk, 128, vg, eg, K, V_FIRST, desc, r0, TMA)
     if K > 192:
-        s3 = absorb(s3, k_ptr, rows, mrow, sqk, 192, vg, eg, K, V_FIRST)
+        s3 = absorb(s3, k_ptr, rows, mrow, sqk, 192, vg, eg, K, V_FIRST, desc, r0, TMA)
     return s0, s1, s2, s3
 
 

@@ -20,7 +20,7 @@ def fwd_h_kernel(k_ptr, u_ptr, w_ptr, gcum_ptr, h_ptr, vnew_ptr, h0_ptr, ht_ptr,
                  K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, HAS_H0: tl.constexpr, STORE_HT: tl.constexpr,
                  STATE_V_FIRST: tl.constexpr, BT: tl.constexpr, I64: tl.constexpr = True, FOLD: tl.constexpr = False,
                  T_FORM: tl.constexpr = False, H_EVERY: tl.constexpr = 1, OUTPUT: tl.constexpr = False,
-                 K_ONCE: tl.constexpr = False):
+                 K_ONCE: tl.constexpr = False, WS: tl.constexpr = False):
     """One program per (V tile, sequence, value head): carry the fp32 state, store bf16 V_new per chunk and bf16 h
     at every H_EVERY-th chunk of a sequence (the first of each block the output kernel takes; fwd_o_kernel's OUT_M).
     With FOLD, k is raw and the absorbed term's gates are gk = G + log|k| (gk_ptr, fp32 [tokens, HV]), so its rows
@@ -36,7 +36,11 @@ def fwd_h_kernel(k_ptr, u_ptr, w_ptr, gcum_ptr, h_ptr, vnew_ptr, h0_ptr, ht_ptr,
     scores times V_new rounded to bf16) without their round trip through memory; Q.K^T is formed once per V tile.
 
     K_ONCE (with T_FORM): the K tiles loaded for K S are the ones the state update takes, not loaded again, so the
-    loop's software pipeline buffers one copy of them (docs/speed-notes.md item 59)."""
+    loop's software pipeline buffers one copy of them (docs/speed-notes.md item 59).
+
+    WS (the W and U walk only): the W, U and K tiles come through tensor descriptors over the sequence's rows
+    (load_tile: the same tiles, so the same numbers) and the chunk loop asks Triton for warp specialisation, whose
+    producer takes only descriptor loads (docs/speed-notes.md items 69 and 73)."""
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_hv = i_nh // HV, i_nh % HV
     i_h = i_hv // (HV // H)
@@ -59,8 +63,14 @@ def fwd_h_kernel(k_ptr, u_ptr, w_ptr, gcum_ptr, h_ptr, vnew_ptr, h0_ptr, ht_ptr,
             s2 = load_state(sb, 128, v0, K, V, BV, STATE_V_FIRST)
         if K > 192:
             s3 = load_state(sb, 192, v0, K, V, BV, STATE_V_FIRST)
+    wd, kd, ud = None, None, None
+    if WS:
+        n_rows = (eos - bos).to(tl.int32)
+        wd = sequence_rows(wh, bos, n_rows, HV * K, K, BT, 64)
+        kd = sequence_rows(kh, bos, n_rows, H * K, K, BT, 64)
+        ud = sequence_rows(uh, bos, n_rows, HV * V, V, BT, BV)
     r = tl.arange(0, BT)
-    for c in range(0, tl.cdiv(eos - bos, BT)):
+    for c in tl.range(0, tl.cdiv(eos - bos, BT), warp_specialize=WS):
         rows = bos + c * BT + r
         mrow = rows < eos
         if FOLD:
@@ -75,14 +85,14 @@ def fwd_h_kernel(k_ptr, u_ptr, w_ptr, gcum_ptr, h_ptr, vnew_ptr, h0_ptr, ht_ptr,
             rh, srow = wh, HV * K
         if c % H_EVERY == 0 and not OUTPUT:
             store_state(hb, 0, v0, s0, K, V, BV, False)
-        kt0, vw = rows_times_h(rh, rows, mrow, srow, 0, s0.to(tl.bfloat16), K)
+        kt0, vw = rows_times_h(rh, rows, mrow, srow, 0, s0.to(tl.bfloat16), K, wd, c * BT, WS)
         kt1, kt2, kt3 = kt0, kt0, kt0
         if OUTPUT:
             o_acc, sc = inter_and_scores(qh, kh, rows, mrow, H * K, 0, s0.to(tl.bfloat16), K)
         if K > 64:
             if c % H_EVERY == 0 and not OUTPUT:
                 store_state(hb, 64, v0, s1, K, V, BV, False)
-            kt1, vw1 = rows_times_h(rh, rows, mrow, srow, 64, s1.to(tl.bfloat16), K)
+            kt1, vw1 = rows_times_h(rh, rows, mrow, srow, 64, s1.to(tl.bfloat16), K, wd, c * BT, WS)
             vw = vw + vw1
             if OUTPUT:
                 oi, si = inter_and_scores(qh, kh, rows, mrow, H * K, 64, s1.to(tl.bfloat16), K)
@@ -90,7 +100,7 @@ def fwd_h_kernel(k_ptr, u_ptr, w_ptr, gcum_ptr, h_ptr, vnew_ptr, h0_ptr, ht_ptr,
         if K > 128:
             if c % H_EVERY == 0 and not OUTPUT:
                 store_state(hb, 128, v0, s2, K, V, BV, False)
-            kt2, vw2 = rows_times_h(rh, rows, mrow, srow, 128, s2.to(tl.bfloat16), K)
+            kt2, vw2 = rows_times_h(rh, rows, mrow, srow, 128, s2.to(tl.bfloat16), K, wd, c * BT, WS)
             vw = vw + vw2
             if OUTPUT:
                 oi, si = inter_and_scores(qh, kh, rows, mrow, H * K, 128, s2.to(tl.bfloat16), K)
@@ -98,7 +108,7 @@ def fwd_h_kernel(k_ptr, u_ptr, w_ptr, gcum_ptr, h_ptr, vnew_ptr, h0_ptr, ht_ptr,
         if K > 192:
             if c % H_EVERY == 0 and not OUTPUT:
                 store_state(hb, 192, v0, s3, K, V, BV, False)
-            kt3, vw3 = rows_times_h(rh, rows, mrow, srow, 192, s3.to(tl.bfloat16), K)
+            kt3, vw3 = rows_times_h(rh, rows, mrow, srow, 192, s3.to(tl.bfloat16), K, wd, c * BT, WS)
             vw = vw + vw3
             if OUTPUT:
                 oi, si = inter_and_scores(qh, kh, rows, mrow, H * K, 192, s3.to(tl.bfloat16), K)
@@ -112,7 +122,7 @@ def fwd_h_kernel(k_ptr, u_ptr, w_ptr, gcum_ptr, h_ptr, vnew_ptr, h0_ptr, ht_ptr,
             y = (beta[:, None] * (vt - tl.exp(g_w)[:, None] * vw)).to(tl.bfloat16)
             v_new = tl.dot(load_rows(t_ptr + i_hv * BT, rows, mrow, HV * BT, 0, BT, BT), y)
         else:
-            v_new = load_rows(uh, rows, mrow, HV * V, v0, BV, V).to(tl.float32) - vw
+            v_new = load_tile(uh, ud, rows, mrow, HV * V, c * BT, v0, BV, V, WS).to(tl.float32) - vw
         if OUTPUT:
             g_row = g_cum
             if FOLD:
@@ -125,7 +135,8 @@ def fwd_h_kernel(k_ptr, u_ptr, w_ptr, gcum_ptr, h_ptr, vnew_ptr, h0_ptr, ht_ptr,
         if K_ONCE:  # (with T_FORM the rows of K S are K's: the tiles loaded for it)
             s0, s1, s2, s3 = absorb_tiles(s0, s1, s2, s3, kt0, kt1, kt2, kt3, vg, tl.exp(g_last), K, False)
         else:
-            s0, s1, s2, s3 = absorb_all(s0, s1, s2, s3, kh, rows, mrow, H * K, vg, tl.exp(g_last), K, False)
+            s0, s1, s2, s3 = absorb_all(s0, s1, s2, s3, kh, rows, mrow, H * K, vg, tl.exp(g_last), K, False, kd,
+                                        c * BT, WS)
     if STORE_HT:
         sb = ht_ptr + (as_index(i_n, I64) * HV + i_hv) * K * V
         store_state(sb, 0, v0, s0, K, V, BV, STATE_V_FIRST)
@@ -259,7 +270,7 @@ def two_kernel(pro: Prologue, v: torch.Tensor, o: torch.Tensor, plan: ChunkPlan,
                num_stages: int | None = None, out_BV: int | None = None, out_warps: int | None = None,
                out_stages: int | None = None, index64: bool | None = None, out_programs: int = 0,
                out_tma: bool = False, out_chunks: int = 1, fused_output: bool = False,
-               walk_k_once: bool = False) -> None:
+               walk_k_once: bool = False, walk_ws: bool = False) -> None:
     """State kernel then output kernel on flattened tensors; writes o and (if given) ht. `BV`, `num_warps` and
     `num_stages` configure the state kernel, and the output kernel too unless its `out_*` options are given
     (None: Triton's default stages). The output kernel l2-normalises q when the prologue left that to it
@@ -272,7 +283,9 @@ def two_kernel(pro: Prologue, v: torch.Tensor, o: torch.Tensor, plan: ChunkPlan,
     kernel writes the output itself (fwd_h_kernel's OUTPUT): the same roundings, no h or V_new in memory, and no
     output kernel, so the `out_*` options do not apply (the backend refuses them). `walk_k_once` (with the
     prologue's T only): the state kernel keeps each chunk's K tiles, loaded for K S, for the state update rather
-    than loading them again (fwd_h_kernel's K_ONCE): the same numbers, fewer tiles in its pipeline's buffers."""
+    than loading them again (fwd_h_kernel's K_ONCE): the same numbers, fewer tiles in its pipeline's buffers.
+    `walk_ws` (the walk that takes W and U, its output kernel apart): the state kernel reads its W, U and K tiles
+    through tensor descriptors and is warp-specialised (fwd_h_kernel's WS): the same numbers."""
     tokens, H, K = pro.k.shape
     HV, V = v.shape[1], v.shape[2]
     N = plan.cu_seqlens.numel() - 1
@@ -293,6 +306,14 @@ def two_kernel(pro: Prologue, v: torch.Tensor, o: torch.Tensor, plan: ChunkPlan,
     if walk_k_once and not t_form:
         raise ValueError("walk_k_once: the state kernel reuses the K tiles of K S, which only the walk that applies "
                          "T forms; run with walk_t=True")
+    if walk_ws:
+        if t_form or fused_output:
+            raise ValueError("walk_ws: the warp-specialised walk is the one that takes W and U and leaves the output "
+                             "to its own kernel; run without walk_t and fused_output")
+        if not tma_ok(pro.k, pro.w, pro.u):
+            raise ValueError("walk_ws: the keys, W and U must be contiguous with 16-byte aligned rows (tensor "
+                             "descriptors), and this Triton must build descriptors on the device")
+        use_descriptors()
     i64 = wide_index(h, v_new, o, pro.t if t_form else pro.w, pro.q, *states) if index64 is None else index64
     fold = pro.g_k is not None
     gq, gk = (pro.g_q, pro.g_k) if fold else (dummy, dummy)
@@ -302,7 +323,8 @@ def two_kernel(pro: Prologue, v: torch.Tensor, o: torch.Tensor, plan: ChunkPlan,
            initial_state if initial_state is not None else dummy, ht if ht is not None else dummy,
            plan.cu_seqlens, plan.chunk_offsets, gk, *walk_t, pro.q, o, gq, scale, H=H, HV=HV, K=K, V=V, BV=BV,
            HAS_H0=initial_state is not None, STORE_HT=ht is not None, STATE_V_FIRST=state_v_first, BT=BT, I64=i64,
-           FOLD=fold, T_FORM=t_form, H_EVERY=out_chunks, OUTPUT=fused_output, K_ONCE=walk_k_once, num_warps=num_warps,
+           FOLD=fold, T_FORM=t_form, H_EVERY=out_chunks, OUTPUT=fused_output, K_ONCE=walk_k_once, WS=walk_ws,
+           num_warps=num_warps,
            device=dev,
            **({} if num_stages is None else dict(num_stages=num_stages)))
     if plan.n_chunks and not fused_output:
