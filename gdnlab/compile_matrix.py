@@ -78,7 +78,7 @@ OLD_KERNEL_NAMES = {"fused_nodowncast": "fused_shipped_no_downcast",
 
 MATRIX_COLUMNS = ["target", "kernel", "BV", "num_warps", "num_stages", "status", "error", "diagnostic",
                   "matrix_instr", "dots", "fma_dots", "static_check", "regs", "spills", "shared", "compile_s",
-                  "triton_version", "kernels_sha"]
+                  "triton_version", "kernels_sha", "warp_partitions"]
 RELEASE_COLUMNS = ["release", "target", "kernel", "BV", "num_warps", "num_stages", "status", "error", "diagnostic",
                    "matrix_instr", "dots", "fma_dots", "static_check", "linked", "compile_s"]
 
@@ -425,6 +425,7 @@ def _build(job: dict[str, Any]) -> dict[str, Any]:
         row["matrix_instr"] = matrix_instructions(asm)
         if isinstance(asm.get("ttgir"), str):
             row["dots"], row["fma_dots"] = dot_lowering(asm["ttgir"])
+            row["warp_partitions"] = warp_partitions(asm["ttgir"])
         row["shared"] = getattr(k.metadata, "shared", "")
         if isinstance(asm.get("ptx"), str):
             # Triton ran ptxas -v itself; TRITON_DUMP_PTXAS_LOG made it print the log (captured above).
@@ -444,6 +445,12 @@ def _build(job: dict[str, Any]) -> dict[str, Any]:
         row["diagnostic"] = re.sub(r"^.*?\b(error|warning|remark):\s*", r"\1: ", diags[0])[:300]
     row["compile_s"] = round(time.perf_counter() - t0, 2)
     return row
+
+
+def warp_partitions(ttgir: str) -> int:
+    """How many warp-specialised partitions a build's TTGIR runs beside its default warps (0: no loop was
+    warp-specialised; a `tl.range(..., warp_specialize=True)` that the pass leaves alone also gives 0)."""
+    return len(re.findall(r"^\s*partition\d+\(", ttgir, re.M))
 
 
 def _init_worker(cache_dir: str) -> None:

@@ -405,3 +405,11 @@ def test_builds_mark_pointer_arguments_aligned_as_the_jit_does():
     pointers = {n for n, t in spec.signature.items() if t.startswith("*")}
     assert pointers and marked == pointers
     assert not marked & {n for n, t in spec.signature.items() if t[0] == "i"}
+
+
+def test_warp_partitions_counts_the_partitions_of_a_ttgir():
+    ttgir = ("    %1 = ttg.warp_specialize(%a) attributes {requestedRegisters = array<i32: 232, 232>}\n"
+             "    default {\n    }\n    partition0(%x: i32) num_warps(4) {\n    }\n"
+             "    partition1(%x: i32) num_warps(4) {\n    } : (i32) -> ()\n")
+    assert cm.warp_partitions(ttgir) == 2
+    assert cm.warp_partitions("    %1 = tt.dot %a, %b\n    scf.for %i = ... {\n") == 0
