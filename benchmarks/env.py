@@ -40,7 +40,7 @@ def implementation(label: str) -> str:
 
 
 def host_info() -> dict[str, Any]:
-    """The host's CPU model, its logical CPUs and the load average when the run starts: eager and host times
+    """The host's CPU model, its logical CPUs, the load average when the run starts and its name: eager and host times
     depend on the host, which a GPU's name does not say (speed notes item 65: every backend's host time doubled
     between two H200 starts)."""
     model = "?"
@@ -50,26 +50,30 @@ def host_info() -> dict[str, Any]:
     except OSError:
         pass
     load = os.getloadavg() if hasattr(os, "getloadavg") else ()
-    return dict(cpu=model, cpus=os.cpu_count(), load_average=[round(x, 2) for x in load])
+    return dict(cpu=model, cpus=os.cpu_count(), load_average=[round(x, 2) for x in load], name=platform.node())
 
 
 #: nvidia-smi's fields that name the physical card and its settings, not only its model.
 CARD_FIELDS = ("uuid", "pci.bus_id", "vbios_version", "ecc.mode.current", "power.limit", "clocks.applications.graphics")
 
 
-def card_info() -> dict[str, str]:
-    """Which card and host the run had (nvidia-smi's CARD_FIELDS of the first GPU, the host's name): two machine
-    starts with one GPU model, driver and versions can still differ in the card they lend (speed notes item 68:
-    FlashQLA's two modes), and only these tell them apart afterwards. Empty fields where nvidia-smi answers
-    nothing."""
+def card_info(uuid: str | None = None) -> dict[str, str]:
+    """Which card the run had: nvidia-smi's CARD_FIELDS of the GPU with this `uuid` (torch's device 0; nvidia-smi
+    does not read CUDA_VISIBLE_DEVICES, so its first line need not be that device), or of its first GPU without
+    one. Two machine starts with one GPU model, driver and versions can still lend different cards (speed notes
+    item 68: FlashQLA's two modes), and only these tell them apart afterwards. Every field is empty where
+    nvidia-smi is missing or fails."""
+    cmd = ["nvidia-smi", f"--query-gpu={','.join(CARD_FIELDS)}", "--format=csv,noheader"]
+    if uuid:
+        cmd.insert(1, f"--id={uuid if uuid.startswith('GPU-') else 'GPU-' + uuid}")
     try:
-        out = subprocess.run(["nvidia-smi", f"--query-gpu={','.join(CARD_FIELDS)}", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=30).stdout
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+        out = r.stdout if r.returncode == 0 else ""
     except (OSError, subprocess.SubprocessError):
         out = ""
     first = (out.strip().splitlines() or [""])[0]
     values = [v.strip() for v in first.split(",")] if first else []
-    return {**dict(zip(CARD_FIELDS, values + [""] * (len(CARD_FIELDS) - len(values)))), "host": platform.node()}
+    return dict(zip(CARD_FIELDS, values + [""] * (len(CARD_FIELDS) - len(values))))
 
 
 def env_info() -> dict[str, Any]:
@@ -85,6 +89,6 @@ def env_info() -> dict[str, Any]:
                 nvidia_smi=smi, sms=p.multi_processor_count, torch=torch.__version__, triton=triton.__version__,
                 cuda=torch.version.cuda, peers=peers.peer_status(),
                 peer_dependencies=peers.dependency_versions(), commit=os.environ.get("GDNLAB_COMMIT", "?"),
-                python=sys.version.split()[0], host=host_info(), card=card_info(),
+                python=sys.version.split()[0], host=host_info(), card=card_info(str(getattr(p, "uuid", "")) or None),
                 date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                 eager_method=EAGER_METHOD, backends=list(gdnlab.BACKENDS))

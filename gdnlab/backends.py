@@ -204,8 +204,9 @@ def _settle_output(opts: dict[str, Any], given: dict[str, Any], defaults: dict[s
     fused walk loading K once would cost the others their prefetch), and its solve only for a prologue that stores
     T only (walk_t; the size rule's "moves" was measured there). wu_apart (W and U formed apart from a stored T)
     and walk_t exclude each other: the one the caller names wins over a default's or a size rule's, naming both is
-    refused, and wu_warps is refused without wu_apart. walk_ws (the warp-specialised walk of W and U) counts as an
-    output-kernel option, and a size rule's walk_t gives way to it."""
+    refused, and wu_warps is refused without wu_apart. walk_ws (the warp-specialised walk of W and U), when on,
+    counts as an output-kernel option (a size rule's fused walk gives way to the two-kernel walk), and a size
+    rule's walk_t gives way to it; walk_t or walk_k_once named with it are refused."""
     if given.get("wu_warps") is not None and not opts.get("wu_apart"):
         raise ValueError("wu_warps: the warps of wu_kernel, which runs only with wu_apart")
     if opts.get("wu_apart") and opts.get("walk_t"):
@@ -219,7 +220,7 @@ def _settle_output(opts: dict[str, Any], given: dict[str, Any], defaults: dict[s
         opts = {**opts, "walk_t": False}
     if opts.get("walk_k_once") and not opts.get("walk_t") and "walk_k_once" not in given:
         opts = {**opts, "walk_k_once": False}
-    named = sorted(set(given) & set(OUTPUT_KERNEL_OPTIONS))
+    named = sorted(n for n in set(given) & set(OUTPUT_KERNEL_OPTIONS) if n != "walk_ws" or given[n])
     if not opts.get("fused_output") or (named and "fused_output" not in given):
         if "fused_output" in opts:
             opts = {**opts, "fused_output": False, "BV": given.get("BV", defaults.get("BV", 64)),
@@ -233,6 +234,8 @@ def _settle_output(opts: dict[str, Any], given: dict[str, Any], defaults: dict[s
         if "walk_t" in given:
             raise ValueError("walk_ws: the warp-specialised walk takes W and U, and walk_t's walk takes T; name one "
                              "of them")
+        if given.get("walk_k_once"):
+            raise ValueError("walk_ws: the warp-specialised walk loads its K tiles itself; walk_k_once is walk_t's")
         opts = {**opts, "walk_t": False, "walk_k_once": False}
     if "num_stages" not in given and _walk_of(opts) != _walk_of(sized):
         opts = {n: v for n, v in opts.items() if n != "num_stages"}

@@ -76,6 +76,7 @@ RELEASE_TARGETS = ("hip:gfx1151", "hip:gfx942")
 OLD_KERNEL_NAMES = {"fused_nodowncast": "fused_shipped_no_downcast",
                      "fused_fixed_nodowncast": "fused_fixed_no_downcast"}
 
+#: The compile matrix's columns; a row kept from a run before a column existed has it blank (warp_partitions).
 MATRIX_COLUMNS = ["target", "kernel", "BV", "num_warps", "num_stages", "status", "error", "diagnostic",
                   "matrix_instr", "dots", "fma_dots", "static_check", "regs", "spills", "shared", "compile_s",
                   "triton_version", "kernels_sha", "warp_partitions"]

@@ -112,7 +112,7 @@ def test_in_situ_rows_name_the_output_layout_fast_ran():
 def test_env_records_the_host_it_ran_on():
     from benchmarks.env import host_info
     h = host_info()
-    assert h["cpus"] == os.cpu_count() and isinstance(h["cpu"], str) and h["cpu"]
+    assert h["cpus"] == os.cpu_count() and isinstance(h["cpu"], str) and h["cpu"] and h["name"]
     assert len(h["load_average"]) in (0, 3)
 
 
@@ -180,18 +180,27 @@ def test_env_names_the_card_and_tolerates_a_missing_nvidia_smi(monkeypatch):
     import subprocess
     from benchmarks import env
 
+    asked = []
+
     def smi(cmd, **kw):
-        assert cmd[1] == "--query-gpu=" + ",".join(env.CARD_FIELDS)
+        asked.append(cmd)
+        assert cmd[-2] == "--query-gpu=" + ",".join(env.CARD_FIELDS)
         return subprocess.CompletedProcess(cmd, 0, stdout="GPU-1234, 00000000:19:00.0, 96.00.AF, Enabled, 700.00 W, "
                                                          "1980 MHz\nGPU-other, x, y, z, w, v\n", stderr="")
 
     monkeypatch.setattr(env.subprocess, "run", smi)
     card = env.card_info()
     assert card["uuid"] == "GPU-1234" and card["pci.bus_id"] == "00000000:19:00.0"
-    assert card["clocks.applications.graphics"] == "1980 MHz" and card["host"]
+    assert card["clocks.applications.graphics"] == "1980 MHz" and "--id" not in " ".join(asked[-1])
+    env.card_info("1234-abcd")  # torch's uuid names the device: nvidia-smi is asked for that one
+    assert asked[-1][1] == "--id=GPU-1234-abcd"
+
+    def failing(cmd, **kw):
+        return subprocess.CompletedProcess(cmd, 6, stdout="No devices were found\n", stderr="")
 
     def missing(cmd, **kw):
         raise FileNotFoundError(cmd[0])
 
-    monkeypatch.setattr(env.subprocess, "run", missing)
-    assert {k: v for k, v in env.card_info().items() if k != "host"} == dict.fromkeys(env.CARD_FIELDS, "")
+    for run in (failing, missing):
+        monkeypatch.setattr(env.subprocess, "run", run)
+        assert env.card_info() == dict.fromkeys(env.CARD_FIELDS, "")

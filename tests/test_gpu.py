@@ -48,6 +48,16 @@ def test_gpu_fast_and_auto_within_budgets(case, backend, opts):
     assert CUTEDSL_STATE.check(h.to(rh.dtype), rh)[0]
 
 
+@pytest.mark.parametrize("case", CASES + ISOLATION, ids=lambda c: c.name)
+def test_gpu_walk_ws_is_the_w_and_u_walk_bit_for_bit(case):
+    """walk_ws reads the same tiles through descriptors in a warp-specialised loop: speed notes item 73 predicts
+    fast's numbers exactly, against fast on the walk walk_ws settles to (W and U, its output kernel apart)."""
+    kw = case.inputs("cuda").kwargs()
+    want = gdnlab.chunk_gated_delta_rule(**kw, backend="fast", walk_t=False, fused_output=False)
+    got = gdnlab.chunk_gated_delta_rule(**kw, backend="fast", poison=True, walk_ws=True)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+
+
 @pytest.mark.parametrize("warps", [2, 4])
 def test_gpu_moves_stores_the_blocks_t(warps):
     """The prologue that stores T only (walk_t's) gives the same T bits with the "moves" solve as with "blocks" on

@@ -455,12 +455,24 @@ def test_walk_ws_gives_fast_s_bits_through_descriptors():
     assert len(walk) == 1 and walk[0].kwargs["WS"] and not walk[0].kwargs["T_FORM"]
     again = [gdnlab.chunk_gated_delta_rule(**kw, backend="fast", walk_ws=True) for _ in range(2)]
     assert all(torch.equal(a, b) for r in again for a, b in zip(r, want))
+    wide = gdnlab.chunk_gated_delta_rule(**kw, backend="fast", poison=True, walk_ws=True, index64=True)
+    assert all(torch.equal(a, b) for a, b in zip(wide, want))  # int64 row indices: the same tiles
     sized = backends.fast_by_size(programs=16 * 4 * 132 // 8, walkers=64, sms=132)
     assert sized.get("walk_t") and sized.get("prologue_solve") == "moves"
     settled = backends._settle_output({**backends.FAST, **sized, "walk_ws": True}, dict(walk_ws=True),
                                       backends.FAST, sized)
     assert settled["walk_ws"] and not settled["walk_t"]
     assert settled.get("prologue_solve", backends.SOLVE) == backends.FAST.get("prologue_solve", backends.SOLVE)
+    with pytest.raises(ValueError, match="walk_k_once"):
+        backends._settle_output({**backends.FAST, **sized, "walk_ws": True, "walk_k_once": True},
+                                dict(walk_ws=True, walk_k_once=True), backends.FAST, sized)
+    batch = backends.fast_by_size(programs=8 * 32 * 32, walkers=8 * 32 * 2, sms=132)
+    assert batch.get("fused_output")  # a size rule's fused walk: walk_ws=False leaves it, walk_ws=True replaces it
+    off = backends._settle_output({**backends.FAST, **batch, "walk_ws": False}, dict(walk_ws=False), backends.FAST,
+                                  batch)
+    on = backends._settle_output({**backends.FAST, **batch, "walk_ws": True}, dict(walk_ws=True), backends.FAST,
+                                 batch)
+    assert off["fused_output"] and not on["fused_output"] and on["BV"] == backends.FAST["BV"]
 
 
 @pytest.mark.parametrize("opts, match", [(dict(walk_t=True), "name one"), (dict(fused_output=True), "fused_output")])

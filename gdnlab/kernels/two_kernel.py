@@ -63,6 +63,7 @@ def fwd_h_kernel(k_ptr, u_ptr, w_ptr, gcum_ptr, h_ptr, vnew_ptr, h0_ptr, ht_ptr,
             s2 = load_state(sb, 128, v0, K, V, BV, STATE_V_FIRST)
         if K > 192:
             s3 = load_state(sb, 192, v0, K, V, BV, STATE_V_FIRST)
+    tl.static_assert(not (WS and (T_FORM or OUTPUT)), "WS: the walk that takes W and U, its output kernel apart")
     wd, kd, ud = None, None, None
     if WS:
         n_rows = (eos - bos).to(tl.int32)
