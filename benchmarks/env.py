@@ -77,10 +77,10 @@ def card_info(uuid: str | None = None) -> dict[str, str]:
 
 
 def env_info() -> dict[str, Any]:
-    """The device (name, driver, clocks, memory, multiprocessors; card_info), the torch, Triton, CUDA versions, each peer's
-    version or why it cannot run and the versions of the compilers they bring (TileLang, CuTe DSL), the commit
-    (GDNLAB_COMMIT, set by whoever sends the tree), the host (host_info), the date, how eager calls are timed, and
-    the registered backends."""
+    """The device (name, driver, clocks, memory, multiprocessors; which card: card_info), the torch, Triton, CUDA
+    versions, each peer's version or why it cannot run and the versions of the compilers they bring (TileLang, CuTe
+    DSL), the commit (GDNLAB_COMMIT, set by whoever sends the tree), the host (host_info), the date, how eager calls
+    are timed, and the registered backends."""
     from gdnlab import peers
     smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,clocks.max.sm,memory.total",
                           "--format=csv,noheader"], capture_output=True, text=True).stdout.strip()
