@@ -167,6 +167,50 @@ def best_candidate(bench: pd.DataFrame, candidates: Sequence[str], shapes: Seque
                    {"best": best, **table.geomean.round(4).to_dict()}), table
 
 
+#: The parts of a candidate rule of the speed notes (items 70, 72, 73), in the order a verdict lists its misses.
+RULE_PARTS = ("conformance", "speed", "max_abs_err", "mean_abs_err")
+
+
+def judge_rule(bench: pd.DataFrame, conformance: pd.DataFrame, sweep: pd.DataFrame, candidates: Sequence[str],
+               shapes: Sequence[str], *, worst: float, best: float, factor: float = 1.0,
+               regime: str = "slow_gate", baseline: str = "fast") -> tuple[pd.DataFrame, str | None]:
+    """A candidate rule as the speed notes write it from item 70 on: fast takes the best of `candidates`
+    (best_candidate over the class `shapes`, not asking bit-equality) if it is within the speed bounds (`worst`,
+    `best`: speed_rule), in budget in every conformance case, and at most `factor` times fast's max and mean error
+    in the sweep's `regime` at 1024 chunks (accuracy_rule, judged on the cases both passed, so that a failed case
+    does not hide the error comparison). Returns one row per candidate with each of RULE_PARTS ("met: " and the
+    finding, or "MISS: " and the first line of the miss), its geometric-mean time over fast's and `misses` (the
+    parts missed, in RULE_PARTS's order), and the candidate adopted: the speed rule's best, where it misses no
+    part; None otherwise."""
+    rows = {}
+    for c in candidates:
+        got = conformance[conformance.backend == c]
+        failed = sorted(got[~in_budget(got)].case) if len(got) else ["(not run)"]
+        parts = {"conformance": (f"MISS: out of budget or not run: {', '.join(failed)}" if failed else
+                                 f"met: all {len(got)} cases in budget")}
+        both = conformance[~conformance.case.isin(failed)]
+        checks = {"speed": lambda: speed_rule(bench, c, shapes, baseline=baseline, worst=worst, best=best)}
+        for err in ("max_abs_err", "mean_abs_err"):
+            checks[err] = lambda err=err: accuracy_rule(both, sweep[sweep.regime == regime], c, baseline=baseline,
+                                                        factor=factor, error=err)
+        for part, check in checks.items():
+            try:
+                parts[part] = "met: " + check().claim
+            except AssertionError as miss:
+                parts[part] = "MISS: " + str(miss).splitlines()[0]
+        r = _ratio(bench, c, baseline, "graph_ms").reindex(list(shapes))
+        rows[c] = {**parts, "geomean": float(r.prod() ** (1 / len(r))),
+                   "misses": ", ".join(p for p in RULE_PARTS if parts[p].startswith("MISS"))}
+    table = pd.DataFrame.from_dict(rows, orient="index")
+    try:
+        found, _ = best_candidate(bench, candidates, shapes, baseline=baseline, bit_equal=False, worst=worst,
+                                  best=best)
+    except AssertionError:
+        return table, None
+    pick = found.numbers["best"]
+    return table, (pick if not table.loc[pick, "misses"] else None)
+
+
 def tests_passed(pytest_tail: str, *, at_least: int = 1) -> Finding:
     """A run's pytest summary line (the tail of `pytest -q`) as a finding: at least `at_least` passed and none
     failed or errored."""

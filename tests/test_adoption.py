@@ -125,3 +125,27 @@ def test_tests_passed_reads_the_summary():
     for tail in ("50 passed, 2 failed in 3s", "1 error in 2s", "164 deselected in 1s"):
         with pytest.raises(AssertionError, match="tests_passed"):
             adoption.tests_passed(tail)
+
+
+def test_judge_rule_lists_each_part_and_adopts_only_a_clean_best():
+    cls = ["8x2048", "varlen"]
+    good = {("slow_gate", True): (1.0e-3, 0.9e-3)}
+    t, pick = adoption.judge_rule(_bench([1.2, 0.96, 1.0]), *_accuracy(good), ["cand"], cls, worst=1.01, best=0.97)
+    assert pick == "cand" and t.loc["cand", "misses"] == "" and t.loc["cand", "geomean"] == pytest.approx(0.96 ** 0.5)
+    for bench, errors, failing, missed in ((_bench([1.0, 1.0, 1.0]), good, (), "speed"),
+                                           (_bench([1.0, 0.96, 1.0]), good, ("t65",), "conformance"),
+                                           (_bench([1.0, 0.96, 1.0]), {("slow_gate", True): (1.0e-3, 1.2e-3)}, (),
+                                            "max_abs_err, mean_abs_err")):
+        t, pick = adoption.judge_rule(bench, *_accuracy(errors, failing), ["cand"], cls, worst=1.01, best=0.97)
+        assert pick is None and t.loc["cand", "misses"] == missed
+
+
+def test_judge_rule_on_item_70s_run_gives_its_recorded_misses():
+    from gdnlab import runs
+    from gdnlab.speed import load_bench
+    rid, dev, tw = "2026-12-07T2227-check", "h100", "fast[walk_tw=True]"
+    t, pick = adoption.judge_rule(load_bench(runs.path(rid, "bench.csv", dev)), runs.load(rid, "conformance.csv", dev),
+                                  runs.load(rid, "sweep.csv", dev), [tw], ["1x4096", "1x8192", "1x32768", "1x65536"],
+                                  worst=1.01, best=0.97)
+    assert pick is None and t.loc[tw, "misses"] == "conformance, speed, max_abs_err"
+    assert "var_16short" in t.loc[tw, "conformance"] and t.loc[tw, "mean_abs_err"].startswith("met: ")
