@@ -18,8 +18,8 @@ def parser() -> argparse.ArgumentParser:
         "Check, compare and time every backend on a CUDA GPU. Results go only to --out; commit them as a run under "
         "data/<device>/<run_id>/ with the env.json this writes."))
     ap.add_argument("--out", required=True, help="folder for env.json and the parts' CSVs (outside the repository)")
-    ap.add_argument("--parts", default=",".join(DEFAULT_PARTS),
-                    help=f"comma list of {', '.join(EXPERIMENTS)} (default: %(default)s)")
+    ap.add_argument("--parts", default=None,
+                    help=f"comma list of {', '.join(EXPERIMENTS)} (default: {','.join(DEFAULT_PARTS)})")
     ap.add_argument("--backends", default="", help="comma list for conformance and bench (default: all but reference)")
     ap.add_argument("--conformance-backends", default="", help="comma list for conformance (default: --backends)")
     ap.add_argument("--study", "--variants", dest="study", default="small", choices=sorted(STUDIES),
@@ -31,11 +31,30 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--shapes", default="", help="comma list of bench shapes for bench and in_situ, as labelled "
                                                  "(1x512, 8x2048, varlen; default: all)")
     ap.add_argument("--reps", type=int, default=1000, help="paired eager samples of the auto_overhead part")
+    ap.add_argument("--rule", type=int, default=None, metavar="ITEM",
+                    help="measure the candidate rule of speed-notes item ITEM (gdnlab.rules): its parts, shapes and "
+                         "backends, which --parts, --shapes and --backends may not also name")
     return ap
 
 
-def main(argv: list[str] | None = None) -> int:
+def arguments(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line, with what --rule sets filled in and --parts defaulted."""
     args = parser().parse_args(argv)
+    if args.rule is not None:
+        from gdnlab import rules
+        named = [f"--{k}" for k in ("parts", "shapes", "backends") if getattr(args, k)]
+        if named:
+            parser().error(f"--rule {args.rule} sets {', '.join(named)} itself")
+        try:
+            vars(args).update(rules.get(args.rule).benchmarks_settings())
+        except KeyError as e:
+            parser().error(str(e.args[0]))
+    args.parts = args.parts or ",".join(DEFAULT_PARTS)
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = arguments(argv)
     from benchmarks.inputs import select_shapes
     try:
         shapes = select_shapes(args.shapes)

@@ -138,14 +138,3 @@ def test_judge_rule_lists_each_part_and_adopts_only_a_clean_best():
                                             "max_abs_err, mean_abs_err")):
         t, pick = adoption.judge_rule(bench, *_accuracy(errors, failing), ["cand"], cls, worst=1.01, best=0.97)
         assert pick is None and t.loc["cand", "misses"] == missed
-
-
-def test_judge_rule_on_item_70s_run_gives_its_recorded_misses():
-    from gdnlab import runs
-    from gdnlab.speed import load_bench
-    rid, dev, tw = "2026-12-07T2227-check", "h100", "fast[walk_tw=True]"
-    t, pick = adoption.judge_rule(load_bench(runs.path(rid, "bench.csv", dev)), runs.load(rid, "conformance.csv", dev),
-                                  runs.load(rid, "sweep.csv", dev), [tw], ["1x4096", "1x8192", "1x32768", "1x65536"],
-                                  worst=1.01, best=0.97)
-    assert pick is None and t.loc[tw, "misses"] == "conformance, speed, max_abs_err"
-    assert "var_16short" in t.loc[tw, "conformance"] and t.loc[tw, "mean_abs_err"].startswith("met: ")
