@@ -53,6 +53,12 @@ class CandidateRule:
         """fast and the candidates, in the order the call checks and times them."""
         return ("fast", *self.candidates)
 
+    def describe(self) -> str:
+        """The rule in one line."""
+        err = "fast's" if self.factor == 1.0 else f"{self.factor}x fast's"
+        return (f"graph time <= {self.worst}x fast's at every shape of the class, <= {self.best}x at one; every "
+                f"conformance case in budget; max and mean error at 1024 chunks ({self.regime}) <= {err}")
+
     def benchmarks_settings(self) -> dict[str, str]:
         """The options of `python -m benchmarks` that measure this rule (what its --rule sets)."""
         return {"parts": ",".join(self.parts), "shapes": ",".join(self.shapes), "backends": ",".join(self.backends)}

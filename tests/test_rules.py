@@ -43,6 +43,12 @@ def test_benchmarks_takes_a_rule_and_refuses_it_with_what_it_sets():
             arguments(["--out", "d", *bad])
 
 
+def test_a_rule_describes_its_bounds():
+    r = rules.get(72)
+    assert "<= 1.01x" in r.describe() and "<= 0.97x" in r.describe() and "<= fast's" in r.describe()
+    assert "<= 1.1x fast's" in dataclasses.replace(r, factor=1.1).describe()
+
+
 def test_the_device_command_runs_the_rule_s_tests_then_its_benchmarks():
     cmd = rules.get(73).device_command()
     assert cmd.index("-k 'walk-ws or walk_ws'") < cmd.index("python -m benchmarks --out $OUT/item73 --rule 73")
