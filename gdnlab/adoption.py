@@ -181,17 +181,36 @@ def best_candidate(bench: pd.DataFrame, candidates: Sequence[str], shapes: Seque
 RULE_PARTS = ("conformance", "speed", "max_abs_err", "mean_abs_err")
 
 
+def _each_regime(conformance: pd.DataFrame, sweep: pd.DataFrame, candidate: str, accuracy: Mapping[str, float],
+                 baseline: str, error: str) -> list[Finding]:
+    """accuracy_rule in each sweep regime of `accuracy` (regime -> factor); with more than one, each finding and
+    miss names its regime."""
+    found = []
+    for regime, factor in accuracy.items():
+        named = "" if len(accuracy) == 1 else f"{regime}: "
+        try:
+            f = accuracy_rule(conformance, sweep[sweep.regime == regime], candidate, baseline=baseline,
+                              factor=factor, error=error)
+        except AssertionError as miss:
+            raise _fail(named + str(miss).splitlines()[0], {"regime": regime}) from miss
+        found.append(Finding(named + f.claim, f.numbers))
+    return found
+
+
 def judge_rule(bench: pd.DataFrame, conformance: pd.DataFrame, sweep: pd.DataFrame, candidates: Sequence[str],
-               shapes: Sequence[str], *, worst: float, best: float, factor: float = 1.0,
-               regime: str = "slow_gate", baseline: str = "fast") -> tuple[pd.DataFrame, str | None]:
+               shapes: Sequence[str], *, worst: float, best: float | None,
+               accuracy: Mapping[str, float] | None = None, baseline: str = "fast") -> tuple[pd.DataFrame, str | None]:
     """A candidate rule as the speed notes write it from item 70 on: fast takes the best of `candidates`
     (best_candidate over the class `shapes`, not asking bit-equality) if it is within the speed bounds (`worst`,
-    `best`: speed_rule), in budget in every conformance case, and at most `factor` times fast's max and mean error
-    in the sweep's `regime` at 1024 chunks (accuracy_rule, judged on the cases both passed, so that a failed case
+    `best`: speed_rule; `best` None asks no gain, only the cost bound `worst`), in budget in every conformance case,
+    and in each sweep regime of `accuracy` (regime -> factor; default {"slow_gate": 1.0}) at most that factor times
+    fast's max and mean error at 1024 chunks (accuracy_rule, judged on the cases both passed, so that a failed case
     does not hide the error comparison). Returns one row per candidate with each of RULE_PARTS ("met: " and the
-    finding, or "MISS: " and the first line of the miss), its geometric-mean time over fast's and `misses` (the
-    parts missed, in RULE_PARTS's order), and the candidate adopted: the speed rule's best, where it misses no
+    findings, or "MISS: " and the first line of the first miss), its geometric-mean time over fast's and `misses`
+    (the parts missed, in RULE_PARTS's order), and the candidate adopted: the speed rule's best, where it misses no
     part; None otherwise."""
+    accuracy = dict(accuracy or {"slow_gate": 1.0})
+    best = worst if best is None else best
     rows = {}
     for c in candidates:
         got = conformance[conformance.backend == c]
@@ -199,13 +218,12 @@ def judge_rule(bench: pd.DataFrame, conformance: pd.DataFrame, sweep: pd.DataFra
         parts = {"conformance": (f"MISS: out of budget or not run: {', '.join(failed)}" if failed else
                                  f"met: all {len(got)} cases in budget")}
         both = conformance[~conformance.case.isin(failed)]
-        checks = {"speed": lambda: speed_rule(bench, c, shapes, baseline=baseline, worst=worst, best=best)}
+        checks = {"speed": lambda: [speed_rule(bench, c, shapes, baseline=baseline, worst=worst, best=best)]}
         for err in ("max_abs_err", "mean_abs_err"):
-            checks[err] = lambda err=err: accuracy_rule(both, sweep[sweep.regime == regime], c, baseline=baseline,
-                                                        factor=factor, error=err)
+            checks[err] = lambda err=err: _each_regime(both, sweep, c, accuracy, baseline, err)
         for part, check in checks.items():
             try:
-                parts[part] = "met: " + check().claim
+                parts[part] = "met: " + " ".join(f.claim for f in check())
             except AssertionError as miss:
                 parts[part] = "MISS: " + str(miss).splitlines()[0]
         rows[c] = {**parts, "geomean": _geomean(_class_ratios(bench, c, baseline, shapes)),

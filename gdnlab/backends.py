@@ -57,7 +57,9 @@ def _triton(path: str, by_size: Callable[[int, int, int], dict[str, Any]] | None
     state update; the same numbers; item 59), and `wu_apart` (the prologue stores T only and a kernel of its own
     forms W and U from it, at `wu_warps` warps, for the walk that takes W and U, fused for batches; the prologue's
     products; item 72), and `walk_ws` (the state kernel that takes W and U reads its tiles through tensor
-    descriptors and asks for warp specialisation; the same numbers; item 73).
+    descriptors and asks for warp specialisation; the same numbers; item 73), and `split_scores` (the output's
+    gated scores enter their product with V_new as two bf16 terms instead of rounded to bf16; other numbers,
+    closer to float64 where the state decays within a chunk; item 74).
     `by_size(programs, walkers, sms)` gives defaults that depend on the call: programs = chunks x value heads (the
     prologue's grid), walkers = the state kernel's programs (sequences x value heads x V tiles), sms = the device's
     multiprocessors. Options passed to the call override both."""
@@ -90,7 +92,8 @@ def _triton(path: str, by_size: Callable[[int, int, int], dict[str, Any]] | None
                                                                  "index64", "fold_norm", "split_wu",
                                                                  "out_programs", "out_tma", "walk_t",
                                                                  "out_chunks", "fused_output", "walk_k_once",
-                                                                 "wu_apart", "wu_warps", "walk_ws"})
+                                                                 "wu_apart", "wu_warps", "walk_ws",
+                                                                 "split_scores"})
         unknown = set(opts) - allowed
         if unknown:
             raise TypeError(f"options: {path} backend does not take {sorted(unknown)}; it takes {sorted(allowed)}")

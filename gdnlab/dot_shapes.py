@@ -75,6 +75,10 @@ WU_APART: dict[str, Any] = {**FOLD_NORM, "wu_apart": True}
 #: warp-specialised (on Hopper; the same dots).
 WALK_WS: dict[str, Any] = {**FOLD_NORM, "walk_ws": True}
 
+#: split_scores (item 74, a candidate for every shape): the output's gated scores as two bf16 terms, in the output
+#: kernel and in the batches' fused walk (one dot more where the output is formed).
+SPLIT_SCORES: dict[str, Any] = {**FOLD_NORM, "split_scores": True}
+
 #: The state kernel's V tiles (option BV) and the output kernel's (option out_BV: fast launches it at 128).
 _STATE = dict(bvs=STATE_BVS)
 _OUTPUT = dict(bvs=OUT_BVS, bv_option="out_BV")
@@ -101,6 +105,8 @@ TWO_KERNEL_BUILDS: dict[str, TwoKernelBuild] = {
     "fwd_h_ws": TwoKernelBuild("fwd_h_kernel", WALK_WS, **_STATE),
     "prologue_wu_apart": TwoKernelBuild("prologue_kernel", WU_APART),
     "wu": TwoKernelBuild("wu_kernel", WU_APART),
+    "fwd_o_split": TwoKernelBuild("fwd_o_kernel", SPLIT_SCORES, **_OUTPUT),
+    "fwd_h_k_once_split": TwoKernelBuild("fwd_h_kernel", {**K_ONCE, **SPLIT_SCORES}, **_STATE),
 }
 
 #: The jit function every fused variant launches (with its switches as constexprs).

@@ -32,9 +32,9 @@ from gdnlab.inputs import GDNInputs
 from gdnlab.kernel_params import BT
 from gdnlab.reference import chunk_gated_delta_rule_ref, l2norm, recurrent_gated_delta_rule_ref
 
-__all__ = ["ROUNDINGS", "PROLOGUE_ROUNDINGS", "WALK_T_ROUNDINGS", "KNOWN_ROUNDINGS", "emulate", "configurations",
-           "built_configurations", "budget", "savings", "largest_saving", "state_in_fp32", "against_device",
-           "built_against_device", "EXACT_TOL", "exact_without_roundings"]
+__all__ = ["ROUNDINGS", "PROLOGUE_ROUNDINGS", "WALK_T_ROUNDINGS", "SPLIT_ROUNDINGS", "KNOWN_ROUNDINGS", "emulate",
+           "configurations", "built_configurations", "budget", "savings", "largest_saving", "state_in_fp32",
+           "against_device", "built_against_device", "lowers", "EXACT_TOL", "exact_without_roundings"]
 
 #: The bf16 rounding points of the two-kernel path, in the order the data meets them.
 ROUNDINGS = ("qk_norm", "wu", "state_for_w", "absorb", "v_new", "state_for_output", "scores", "output")
@@ -46,12 +46,22 @@ PROLOGUE_ROUNDINGS = ("solve", "wu_operands")
 #: V_new = T·(beta (V - exp(G) K·S)) with the bracket rounded (``bracket``) and T as ``solve`` rounds it; W and U
 #: are never formed, so ``wu`` and ``wu_operands`` do not apply there.
 WALK_T_ROUNDINGS = ("bracket",)
+#: split_scores's form of ``scores`` (docs/speed-notes.md item 74): the gated scores enter their product with V_new
+#: as two bf16 terms, their rounding and the remainder's (``scores_split``, about 16 significant bits); it takes
+#: the place of ``scores``, never beside it.
+SPLIT_ROUNDINGS = ("scores_split",)
 #: Every rounding point emulate knows, in the order the data meets them.
-KNOWN_ROUNDINGS = ROUNDINGS + PROLOGUE_ROUNDINGS + WALK_T_ROUNDINGS
+KNOWN_ROUNDINGS = ROUNDINGS + PROLOGUE_ROUNDINGS + WALK_T_ROUNDINGS + SPLIT_ROUNDINGS
 
 
 def _bf16(x: torch.Tensor) -> torch.Tensor:
     return x.to(torch.bfloat16).to(x.dtype)
+
+
+def _bf16x2(x: torch.Tensor) -> torch.Tensor:
+    """x as the sum of two bf16 terms: its rounding and the rounding of the remainder (tiles.split_dot's operand)."""
+    hi = _bf16(x)
+    return hi + _bf16(x - hi)
 
 
 def emulate(inputs: GDNInputs, rounded: Collection[str] = ROUNDINGS, chunk: int = BT) -> torch.Tensor:
@@ -61,6 +71,8 @@ def emulate(inputs: GDNInputs, rounded: Collection[str] = ROUNDINGS, chunk: int 
     if unknown:
         raise ValueError(f"rounded: unknown rounding points {sorted(unknown)}; known: {', '.join(KNOWN_ROUNDINGS)}")
     walk_t = "bracket" in rounded
+    if {"scores", "scores_split"} <= set(rounded):
+        raise ValueError("rounded: scores_split is split_scores's form of scores, not a rounding beside it")
     if inputs.q.shape[0] != 1 or inputs.cu_seqlens is not None:
         raise ValueError("inputs: emulate takes one dense sequence (B = 1, no cu_seqlens)")
 
@@ -103,6 +115,7 @@ def emulate(inputs: GDNInputs, rounded: Collection[str] = ROUNDINGS, chunk: int 
             W, U = r("wu", WU[..., :K]), r("wu", WU[..., K:])
             v_new = U - W @ r("state_for_w", S)
         scores = r("scores", (qc @ kc.transpose(-1, -2)) * decay)
+        scores = _bf16x2(scores) if "scores_split" in rounded else scores
         o[:, t0:t1] = r("output", scale * ((qc @ r("state_for_output", S)) * eG
                                            + scores @ r("v_new", v_new)))
         G_last = G[:, -1:]
@@ -125,12 +138,13 @@ def configurations(include_none: bool = False) -> dict[str, frozenset[str]]:
 def built_configurations() -> dict[str, frozenset[str]]:
     """The lab's built configurations as rounding sets, the prologue's two inner roundings modelled too: the
     two-kernel path as it rounds, fold_norm (no normalised q or k rounded; docs/speed-notes.md items 27 and 29),
-    fold_norm with split_wu (nor T, nor W's and U's operands) and fold_norm with walk_t (T and the walk's bracket
-    rounded, no W or U; item 43)."""
+    fold_norm with split_wu (nor T, nor W's and U's operands), fold_norm with walk_t (T and the walk's bracket
+    rounded, no W or U; item 43) and fold_norm with split_scores (the gated scores as two bf16 terms; item 74)."""
     every = frozenset(ROUNDINGS + PROLOGUE_ROUNDINGS)
     return {"two_kernel": every, "fold_norm": every - {"qk_norm"},
             "fold_norm + split_wu": every - {"qk_norm", *PROLOGUE_ROUNDINGS},
-            "fold_norm + walk_t": (every - {"qk_norm", "wu", "wu_operands"}) | set(WALK_T_ROUNDINGS)}
+            "fold_norm + walk_t": (every - {"qk_norm", "wu", "wu_operands"}) | set(WALK_T_ROUNDINGS),
+            "fold_norm + split_scores": (every - {"qk_norm", "scores"}) | set(SPLIT_ROUNDINGS)}
 
 
 def budget(inputs: GDNInputs, lengths: Iterable[int], configs: dict[str, frozenset[str]] | None = None,
@@ -233,6 +247,21 @@ def built_against_device(df: pd.DataFrame, sweep: pd.DataFrame, regime: str = "s
                    + "; measured on the device: " + ", ".join(f"{b} {v:.3e}" for b, v in dev.items()) + ".",
                    {**{f"emulated_{c}": float(v) for c, v in emu.items()},
                     **{f"device_{b}": float(v) for b, v in dev.items()}})
+
+
+def lowers(df: pd.DataFrame, config: str, than: str, *, at_most: float) -> Finding:
+    """At the longest length of a :func:`budget` table, `config`'s max and mean error are each at most `at_most`
+    times `than`'s; raises otherwise (NaN never passes)."""
+    last = df[df.seq_len == df.seq_len.max()].set_index("config")
+    missing = {config, than} - set(last.index)
+    if missing:
+        raise _fail(f"lowers: the table has no {', '.join(sorted(missing))} rows", sorted(last.index))
+    r = {e: float(last.loc[config, e] / last.loc[than, e]) for e in ("max_abs_err", "mean_abs_err")}
+    n = int(df.n_chunks.max())
+    if not all(v <= at_most for v in r.values()):
+        raise _fail(f"lowers: {config}'s error at {n} chunks is above {at_most}x {than}'s", r)
+    return Finding(f"At {n} chunks {config}'s emulated max error is {r['max_abs_err']:.3f}x {than}'s and its mean "
+                   f"error {r['mean_abs_err']:.3f}x (rule: each at most {at_most}x).", r)
 
 
 #: How close the emulation without roundings must come to the float64 recurrence: float64 roundoff grown over the

@@ -17,14 +17,16 @@ from gdnlab.findings import Finding, _fail
 #: One sequence from 4096 tokens: the class where fast's prologue runs more than eight programs a multiprocessor
 #: (32 value heads on 132), which items 70, 72 and 73 are decided for.
 ONE_LONG_SEQUENCE = ("1x4096", "1x8192", "1x32768", "1x65536")
+#: Every bench shape (benchmarks.inputs.SHAPES, labelled), for a rule that holds at every call.
+EVERY_SHAPE = ("1x512", "1x1024", "1x2048", "1x4096", "1x8192", "1x32768", "1x65536", "8x2048", "4x8192", "varlen")
 
 
 @dataclass(frozen=True)
 class CandidateRule:
     """A rule of the speed notes' form from item 70 on: fast takes the fastest of `candidates` at the class `shapes`
-    if it is at most `worst` times fast's graph time at every shape and at most `best` at one or more (replays
-    equal), in budget in every conformance case, and at most `factor` times fast's max and mean error at 1024 chunks
-    in the sweep's `regime`. `tests` selects the GPU tests the call runs first (`pytest -k`). `recorded`: the parts
+    if it is at most `worst` times fast's graph time at every shape and at most `best` at one or more (None: no gain
+    asked, `worst` is a cost bound; replays equal), in budget in every conformance case, and in each sweep regime of
+    `accuracy` ((regime, factor), ...) at most that factor times fast's max and mean error at 1024 chunks. `tests` selects the GPU tests the call runs first (`pytest -k`). `recorded`: the parts
     the notes record as missed after the run (() for none: the rule adopted its candidate), None while it is not
     run."""
 
@@ -33,9 +35,8 @@ class CandidateRule:
     candidates: tuple[str, ...]
     shapes: tuple[str, ...] = ONE_LONG_SEQUENCE
     worst: float = 1.01
-    best: float = 0.97
-    factor: float = 1.0
-    regime: str = "slow_gate"
+    best: float | None = 0.97
+    accuracy: tuple[tuple[str, float], ...] = (("slow_gate", 1.0),)
     tests: str = ""
     parts: tuple[str, ...] = ("conformance", "sweep", "bench", "in_situ")
     recorded: tuple[str, ...] | None = None
@@ -43,8 +44,11 @@ class CandidateRule:
     def __post_init__(self) -> None:
         if not self.candidates or "fast" in self.candidates:
             raise ValueError(f"item {self.item}: candidates are configurations of fast, not fast itself")
-        if not 0 < self.best <= 1 <= self.worst:
-            raise ValueError(f"item {self.item}: bounds need 0 < best <= 1 <= worst, got {self.best}, {self.worst}")
+        if not (self.worst >= 1 and (self.best is None or 0 < self.best <= 1)):
+            raise ValueError(f"item {self.item}: bounds need worst >= 1 and best None or in (0, 1], got {self.worst}, "
+                             f"{self.best}")
+        if not self.accuracy or any(f <= 0 for _, f in self.accuracy):
+            raise ValueError(f"item {self.item}: accuracy needs (regime, factor > 0) pairs, got {self.accuracy}")
         if self.recorded is not None and set(self.recorded) - set(RULE_PARTS):
             raise ValueError(f"item {self.item}: recorded misses {self.recorded} are not parts of {RULE_PARTS}")
 
@@ -55,9 +59,10 @@ class CandidateRule:
 
     def describe(self) -> str:
         """The rule in one line."""
-        err = "fast's" if self.factor == 1.0 else f"{self.factor}x fast's"
-        return (f"graph time <= {self.worst}x fast's at every shape of the class, <= {self.best}x at one; every "
-                f"conformance case in budget; max and mean error at 1024 chunks ({self.regime}) <= {err}")
+        gain = "" if self.best is None else f", <= {self.best}x at one"
+        errors = "; ".join(f"{regime} <= {'' if f == 1.0 else f'{f}x '}fast's" for regime, f in self.accuracy)
+        return (f"graph time <= {self.worst}x fast's at every shape of the class{gain}; every conformance case in "
+                f"budget; max and mean error at 1024 chunks: {errors}")
 
     def benchmarks_settings(self) -> dict[str, str]:
         """The options of `python -m benchmarks` that measure this rule (what its --rule sets)."""
@@ -76,7 +81,7 @@ class CandidateRule:
               ) -> tuple[pd.DataFrame, str | None]:
         """The rule applied to one run's tables: adoption.judge_rule's verdict table and the candidate adopted."""
         return judge_rule(bench, conformance, sweep, list(self.candidates), list(self.shapes), worst=self.worst,
-                          best=self.best, factor=self.factor, regime=self.regime)
+                          best=self.best, accuracy=dict(self.accuracy))
 
     def confirm(self, table: pd.DataFrame, adopted: str | None) -> Finding:
         """The recorded verdict, recomputed: raises unless the candidate judged best by speed missed exactly the
@@ -101,6 +106,9 @@ RULES: dict[int, CandidateRule] = {r.item: r for r in (
                   ("fast[wu_apart=True;wu_warps=4]", "fast[wu_apart=True;wu_warps=8]"), tests="wu-apart"),
     CandidateRule(73, "the W/U walk warp-specialised through tensor descriptors (walk_ws)",
                   ("fast[walk_ws=True]", "fast[walk_ws=True;num_stages=3]"), tests="walk-ws or walk_ws"),
+    CandidateRule(74, "the gated scores as two bf16 terms (split_scores)", ("fast[split_scores=True]",),
+                  shapes=EVERY_SHAPE, worst=1.02, best=None, accuracy=(("cutedsl_gate", 0.95), ("slow_gate", 1.0)),
+                  tests="split-scores"),
 )}
 
 

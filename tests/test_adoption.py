@@ -138,3 +138,17 @@ def test_judge_rule_lists_each_part_and_adopts_only_a_clean_best():
                                             "max_abs_err, mean_abs_err")):
         t, pick = adoption.judge_rule(bench, *_accuracy(errors, failing), ["cand"], cls, worst=1.01, best=0.97)
         assert pick is None and t.loc["cand", "misses"] == missed
+
+
+def test_judge_rule_takes_a_cost_bound_and_a_factor_per_regime():
+    cls = ["8x2048", "varlen"]
+    errors = {("slow_gate", True): (1.0e-3, 1.0e-3), ("cutedsl_gate", True): (6.0e-4, 5.0e-4)}
+    rule = dict(worst=1.02, best=None, accuracy={"cutedsl_gate": 0.95, "slow_gate": 1.0})
+    t, pick = adoption.judge_rule(_bench([1.01, 1.02, 1.0]), *_accuracy(errors), ["cand"], cls, **rule)
+    assert pick == "cand" and t.loc["cand", "max_abs_err"].count("_gate: ") == 2
+    worse = {**errors, ("cutedsl_gate", True): (6.0e-4, 5.9e-4)}  # 0.983x: above the 0.95x asked there
+    t, pick = adoption.judge_rule(_bench([1.0, 1.0, 1.0]), *_accuracy(worse), ["cand"], cls, **rule)
+    assert pick is None and t.loc["cand", "misses"] == "max_abs_err, mean_abs_err"
+    assert t.loc["cand", "max_abs_err"].startswith("MISS: cutedsl_gate: ")
+    t, pick = adoption.judge_rule(_bench([1.0, 1.03, 1.0]), *_accuracy(errors), ["cand"], cls, **rule)
+    assert pick is None and t.loc["cand", "misses"] == "speed"

@@ -144,15 +144,17 @@ def test_job_list():
     full = jobs()
     # 3 targets; 9 BV-free kernels (l2norm, prologue, log_norm, prologue_fold, prologue_walk_t, prologue_t_moves,
     # prologue_doubling, prologue_wu_apart, wu) x 6 warps/stages,
-    # 11 kernels at the state BVs (fwd_h, fwd_h_fold, fwd_h_walk_t, fwd_h_fused_output, fwd_h_batch_layout,
-    # fwd_h_k_once, fwd_h_ws, 4 fused variants) x 4 BV x 6, the output kernels (fwd_o, fwd_o_fold) x 5 BV x 6
-    assert len(full) == 3 * (9 * 6 + 11 * 4 * 6 + 2 * 5 * 6) == 1134
+    # 12 kernels at the state BVs (fwd_h, fwd_h_fold, fwd_h_walk_t, fwd_h_fused_output, fwd_h_batch_layout,
+    # fwd_h_k_once, fwd_h_ws, fwd_h_k_once_split, 4 fused variants) x 4 BV x 6, the output kernels (fwd_o,
+    # fwd_o_fold, fwd_o_split) x 5 BV x 6
+    assert len(full) == 3 * (9 * 6 + 12 * 4 * 6 + 3 * 5 * 6) == 1296
     free = ("l2norm", "prologue", "log_norm", "prologue_fold", "prologue_walk_t", "prologue_t_moves",
             "prologue_doubling", "prologue_wu_apart", "wu")
     assert {j["BV"] for j in full if j["kernel"] in free} == {None}
-    assert {j["BV"] for j in full if j["kernel"] in ("fwd_o", "fwd_o_fold")} == {8, 16, 32, 64, 128}
+    assert {j["BV"] for j in full if j["kernel"] in ("fwd_o", "fwd_o_fold", "fwd_o_split")} == {8, 16, 32, 64, 128}
     assert {j["BV"] for j in full if j["kernel"] in ("fwd_h", "fwd_h_fold", "fwd_h_walk_t", "fwd_h_fused_output",
                                                      "fwd_h_batch_layout", "fwd_h_k_once", "fwd_h_ws",
+                                                     "fwd_h_k_once_split",
                                                      *cm.FUSED_VARIANTS)} == set(BVS)
     assert sorted(full, key=cm._priority)  # every kernel's jit function has its place in the build order
     quick = jobs(quick=True)

@@ -104,3 +104,17 @@ def test_the_exactness_finding_fails_when_the_emulation_drifts():
         eb.exact_without_roundings(df)
     with pytest.raises(AssertionError, match="no 'none' rows"):
         eb.exact_without_roundings(df[df.config == "all"])
+
+
+def test_split_scores_form_replaces_the_scores_rounding_and_lowers_the_error_at_cutedsl_s_gate():
+    """scores_split (split_scores's form) is refused beside scores, and on a short draw at CuteDSL's own gate it
+    brings fold_norm's max and mean error below 0.9x (its rounding is the largest there, below the output's)."""
+    from gdnlab import experiments as ex
+    inp = ex.Problem(regime="cutedsl").inputs(256, "cpu")
+    with pytest.raises(ValueError, match="scores_split"):
+        eb.emulate(inp, {"scores", "scores_split"})
+    built = eb.built_configurations()
+    df = eb.budget(inp, [256], {k: built[k] for k in ("fold_norm", "fold_norm + split_scores")})
+    assert eb.lowers(df, "fold_norm + split_scores", "fold_norm", at_most=0.9).numbers["max_abs_err"] < 0.9
+    with pytest.raises(AssertionError, match="lowers"):
+        eb.lowers(df, "fold_norm", "fold_norm + split_scores", at_most=1.0)

@@ -33,9 +33,13 @@ def test_gpu_conformance_and_bit_equality(case):
                                                          num_stages=2)),
                                            ("fast", dict(fused_output=True, BV=64, walk_t=True, walk_k_once=True,
                                                          num_stages=2, prologue_solve="moves")),
-                                           ("fast", dict(wu_apart=True)), ("fast", dict(walk_ws=True))],
+                                           ("fast", dict(wu_apart=True)), ("fast", dict(walk_ws=True)),
+                                           ("fast", dict(split_scores=True)),
+                                           ("fast", dict(fused_output=True, BV=64, walk_t=True, walk_k_once=True,
+                                                         num_stages=2, prologue_solve="moves", split_scores=True))],
                          ids=["fast", "auto", "fast-walk_t", "fast-blocks", "fast-fused-output", "fast-batch-layout",
-                              "fast-k-once", "fast-k-once-moves", "fast-wu-apart", "fast-walk-ws"])
+                              "fast-k-once", "fast-k-once-moves", "fast-wu-apart", "fast-walk-ws",
+                              "fast-split-scores", "fast-k-once-moves-split-scores"])
 @pytest.mark.parametrize("case", CASES + ISOLATION, ids=lambda c: c.name)
 def test_gpu_fast_and_auto_within_budgets(case, backend, opts):
     inp = case.inputs("cuda")

@@ -26,8 +26,10 @@ def test_each_rule_is_the_one_its_item_wrote_before_the_run(item):
     written = text.split("Measured")[0]  # the rule, before any measurement
     assert f'--backends "{",".join(r.backends)}"' in written
     assert f"--shapes {','.join(r.shapes)}" in written and f"--parts {','.join(r.parts)}" in written
-    assert f"at most {r.worst}x" in written and f"at most {r.best}x" in written and "slow-gate" in written
-    assert r.factor == 1.0 and "at most fast's" in written  # the errors: fast's, no factor
+    assert f"at most {r.worst}x" in written and (r.best is None or f"at most {r.best}x" in written)
+    for regime, factor in r.accuracy:
+        assert {"slow_gate": "slow-gate", "cutedsl_gate": "CuteDSL"}[regime] in written
+        assert f"at most {'' if factor == 1.0 else f'{factor}x '}fast's" in written
     assert (r.recorded is None) == ("Measured" not in text)
 
 
@@ -43,10 +45,17 @@ def test_benchmarks_takes_a_rule_and_refuses_it_with_what_it_sets():
             arguments(["--out", "d", *bad])
 
 
+def test_every_shape_is_the_bench_s():
+    from benchmarks.inputs import SHAPES
+    from gdnlab.speed import shape_label
+    assert rules.EVERY_SHAPE == tuple(shape_label(B, T) for B, T in SHAPES)
+
+
 def test_a_rule_describes_its_bounds():
     r = rules.get(72)
-    assert "<= 1.01x" in r.describe() and "<= 0.97x" in r.describe() and "<= fast's" in r.describe()
-    assert "<= 1.1x fast's" in dataclasses.replace(r, factor=1.1).describe()
+    assert "<= 1.01x" in r.describe() and "<= 0.97x" in r.describe() and "slow_gate <= fast's" in r.describe()
+    other = dataclasses.replace(r, best=None, accuracy=(("cutedsl_gate", 0.95), ("slow_gate", 1.0)))
+    assert "0.97" not in other.describe() and "cutedsl_gate <= 0.95x fast's; slow_gate <= fast's" in other.describe()
 
 
 def test_the_device_command_runs_the_rule_s_tests_then_its_benchmarks():
@@ -59,10 +68,10 @@ def test_the_device_command_runs_the_rule_s_tests_then_its_benchmarks():
 def test_a_rule_refuses_what_cannot_be_a_rule():
     base = rules.get(72)
     for bad in (dict(candidates=()), dict(candidates=("fast",)), dict(best=1.02), dict(worst=0.99),
-                dict(recorded=("time",))):
+                dict(recorded=("time",)), dict(accuracy=()), dict(accuracy=(("slow_gate", 0),))):
         with pytest.raises(ValueError):
             dataclasses.replace(base, **bad)
-    with pytest.raises(KeyError, match="70, 72, 73"):
+    with pytest.raises(KeyError, match="70, 72, 73, 74"):
         rules.get(71)
 
 

@@ -15,8 +15,8 @@ import triton.language as tl
 
 from gdnlab.interp import launch, note_made
 from gdnlab.kernel_params import BT, cdiv, pow2
-from gdnlab.kernels.tiles import (as_index, l2_norm_of_rows, load_rows, load_tile, sequence_rows, store_rows,
-                                  store_tile, tma_ok, use_descriptors)
+from gdnlab.kernels.tiles import (as_index, l2_norm_of_rows, load_rows, load_tile, sequence_rows, split_dot,
+                                  store_rows, store_tile, tma_ok, use_descriptors)
 
 #: How the prologue finishes T = (I + A)^-1 after its 16x16 diagonal blocks (see _solve).
 SOLVE = "blocks"
@@ -281,14 +281,6 @@ def _t_times_scaled(t, x, f):
 
 
 @triton.jit
-def _split_dot(a, b):
-    """a @ b for fp32 a and bf16 b, with a as the sum of two bf16 terms (its rounding and the remainder's): about
-    16 significant bits of a instead of 8, two tensor-core dots."""
-    hi = a.to(tl.bfloat16)
-    return tl.dot(hi, b) + tl.dot((a - hi.to(tl.float32)).to(tl.bfloat16), b)
-
-
-@triton.jit
 def _part(x, i: tl.constexpr):
     """Rows 16i .. 16i + 15 of a 64-vector, exactly (a one-hot masked sum)."""
     return tl.sum(tl.where((tl.arange(0, 4) == i)[:, None], tl.reshape(x, [4, 16]), 0.0), 0)
@@ -330,7 +322,7 @@ def _row_product(t0, t1, t2, t3, x0, x1, x2, x3, I: tl.constexpr):
 def _wy_row(t0, t1, t2, t3, x0, x1, x2, x3, f0, f1, f2, f3, I: tl.constexpr, SPLIT: tl.constexpr):
     """Row block I of W (x: k's row blocks, f: beta exp(G)) or of U (x: v's, f: beta). Without SPLIT the rows of x
     are scaled by f and rounded to bf16 and T is bf16; with it T's columns take f in fp32 and T is split into two
-    bf16 terms (_split_dot), chained separately."""
+    bf16 terms (tiles.split_dot), chained separately."""
     if SPLIT:
         s0, s1, s2, s3 = t0 * f0[None, :], t1 * f1[None, :], t2 * f2[None, :], t3 * f3[None, :]
         h0, h1, h2, h3 = s0.to(tl.bfloat16), s1.to(tl.bfloat16), s2.to(tl.bfloat16), s3.to(tl.bfloat16)
@@ -431,7 +423,7 @@ def prologue_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, qn_ptr, kn_ptr, gcum_p
     G - log|k| for A's rows and W's operand and gk for A's columns.
 
     SPLIT (W and U without rounded operands): W = T diag(beta exp(G)) K and U = T diag(beta) V are formed as the
-    fp32 T with the per-row factors scaled into its columns, split into two bf16 terms (_split_dot) and multiplied
+    fp32 T with the per-row factors scaled into its columns, split into two bf16 terms (tiles.split_dot) and multiplied
     into the k and v rows as loaded, so neither T nor beta exp(G) K nor beta V is rounded to bf16.
 
     STORE_T (the walk applies T): T itself is stored, bf16 [tokens, HV, BT] rows (t_ptr), and W and U are neither
@@ -514,13 +506,13 @@ def _prologue_chunk(bos, eos, i_t, i_hv, kd, vd, wd, ud, q_ptr, k_ptr, v_ptr, g_
             # measured; the Hopper build spills the same 848 B either way (docs/speed-notes.md).
             kt = _keys(k_ptr + i_h * K, kn_ptr + i_h * K, rows, mrow, first, H * K, K, KP, NORM, False, kd, r0, TMA)
             if SPLIT:
-                w = _split_dot(t32 * (beta * tl.exp(g_row))[None, :], kt)
+                w = split_dot(t32 * (beta * tl.exp(g_row))[None, :], kt)
             else:
                 w = _t_times_scaled(t, kt, beta * tl.exp(g_row))
             store_tile(w_ptr + i_hv * K, wd, rows, mrow, HV * K, r0, 0, w, KP, K, TMA)
             vt = load_tile(v_ptr + i_hv * V, vd, rows, mrow, HV * V, r0, 0, VP, V, TMA)
             if SPLIT:
-                u = _split_dot(t32 * beta[None, :], vt)
+                u = split_dot(t32 * beta[None, :], vt)
             else:
                 u = _t_times_scaled(t, vt, beta)
             store_tile(u_ptr + i_hv * V, ud, rows, mrow, HV * V, r0, 0, u, VP, V, TMA)

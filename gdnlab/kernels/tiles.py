@@ -127,15 +127,28 @@ def inter_and_scores(q_ptr, k_ptr, rows, mrow, sqk, k0, h, K: tl.constexpr, q_no
 
 
 @triton.jit
-def chunk_output(o_inter, scores, g_row, g_col, rows, mrow, operand, scale):
+def split_dot(a, b):
+    """a @ b for fp32 a and bf16 b, with a as the sum of two bf16 terms (its rounding and the remainder's): about
+    16 significant bits of a instead of 8, two tensor-core dots."""
+    hi = a.to(tl.bfloat16)
+    return tl.dot(hi, b) + tl.dot((a - hi.to(tl.float32)).to(tl.bfloat16), b)
+
+
+@triton.jit
+def chunk_output(o_inter, scores, g_row, g_col, rows, mrow, operand, scale, SPLIT: tl.constexpr = False):
     """O = scale * [(Q h) * exp(G) + (tril(Q K^T * exp(G_i - G_j))) operand]; operand is bf16 [BT, BV]. The gates
     of the rows (g_row: Q h and the scores' rows) and of the scores' columns (g_col) are both G but where a
-    kernel folds the q and k norms into them (fwd_o_kernel's FOLD)."""
+    kernel folds the q and k norms into them (fwd_o_kernel's FOLD). The gated scores are rounded to bf16 for their
+    product, or with SPLIT taken as two bf16 terms (split_dot): where the state decays within a chunk, that
+    rounding is the largest of the output's below its own (docs/speed-notes.md item 74)."""
     o_inter = o_inter * tl.exp(g_row)[:, None]
     causal = (rows[:, None] >= rows[None, :]) & mrow[:, None] & mrow[None, :]
     gdiff = tl.where(causal, g_row[:, None] - g_col[None, :], 0.0)
     scores = tl.where(causal, scores * tl.exp(gdiff), 0.0)
-    return o_inter * scale + tl.dot(scores.to(operand.dtype), operand) * scale
+    if SPLIT:
+        return o_inter * scale + split_dot(scores, operand) * scale
+    else:
+        return o_inter * scale + tl.dot(scores.to(operand.dtype), operand) * scale
 
 
 @triton.jit

@@ -20,7 +20,7 @@ def fwd_h_kernel(k_ptr, u_ptr, w_ptr, gcum_ptr, h_ptr, vnew_ptr, h0_ptr, ht_ptr,
                  K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, HAS_H0: tl.constexpr, STORE_HT: tl.constexpr,
                  STATE_V_FIRST: tl.constexpr, BT: tl.constexpr, I64: tl.constexpr = True, FOLD: tl.constexpr = False,
                  T_FORM: tl.constexpr = False, H_EVERY: tl.constexpr = 1, OUTPUT: tl.constexpr = False,
-                 K_ONCE: tl.constexpr = False, WS: tl.constexpr = False):
+                 K_ONCE: tl.constexpr = False, WS: tl.constexpr = False, SPLIT_SCORES: tl.constexpr = False):
     """One program per (V tile, sequence, value head): carry the fp32 state, store bf16 V_new per chunk and bf16 h
     at every H_EVERY-th chunk of a sequence (the first of each block the output kernel takes; fwd_o_kernel's OUT_M).
     With FOLD, k is raw and the absorbed term's gates are gk = G + log|k| (gk_ptr, fp32 [tokens, HV]), so its rows
@@ -40,7 +40,10 @@ def fwd_h_kernel(k_ptr, u_ptr, w_ptr, gcum_ptr, h_ptr, vnew_ptr, h0_ptr, ht_ptr,
 
     WS (the W and U walk only): the W, U and K tiles come through tensor descriptors over the sequence's rows
     (load_tile: the same tiles, so the same numbers) and the chunk loop asks Triton for warp specialisation, whose
-    producer takes only descriptor loads (docs/speed-notes.md items 69 and 73)."""
+    producer takes only descriptor loads (docs/speed-notes.md items 69 and 73).
+
+    SPLIT_SCORES (with OUTPUT; fwd_o_kernel's too): the gated scores enter their product with V_new as two bf16
+    terms, not rounded to bf16 (tiles.chunk_output's SPLIT)."""
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_hv = i_nh // HV, i_nh % HV
     i_h = i_hv // (HV // H)
@@ -128,7 +131,7 @@ def fwd_h_kernel(k_ptr, u_ptr, w_ptr, gcum_ptr, h_ptr, vnew_ptr, h0_ptr, ht_ptr,
             g_row = g_cum
             if FOLD:
                 g_row = tl.load(gq_ptr + rows * HV + i_hv, mask=mrow, other=0.0)
-            out = chunk_output(o_acc, sc, g_row, g_cum, rows, mrow, v_new.to(tl.bfloat16), scale)
+            out = chunk_output(o_acc, sc, g_row, g_cum, rows, mrow, v_new.to(tl.bfloat16), scale, SPLIT_SCORES)
             store_rows(o_ptr + i_hv * V, rows, mrow, HV * V, v0, out, BV, V)
         else:
             store_rows(vh, rows, mrow, HV * V, v0, v_new, BV, V)
@@ -154,7 +157,8 @@ def fwd_o_kernel(q_ptr, k_ptr, vnew_ptr, gcum_ptr, h_ptr, o_ptr, cu_ptr, chunks_
                  offsets_ptr, n_chunks, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                  BV: tl.constexpr, BT: tl.constexpr, NORM_Q: tl.constexpr = False, KP: tl.constexpr = 64,
                  I64: tl.constexpr = True, FOLD: tl.constexpr = False, LOOP: tl.constexpr = False,
-                 LOOP_STAGES: tl.constexpr = 2, TMA: tl.constexpr = False, OUT_M: tl.constexpr = 1):
+                 LOOP_STAGES: tl.constexpr = 2, TMA: tl.constexpr = False, OUT_M: tl.constexpr = 1,
+                 SPLIT_SCORES: tl.constexpr = False):
     """The output of OUT_M consecutive chunks of a sequence (a block of OUT_M * BT rows) from the bf16 h of its
     first chunk and the block's bf16 V_new, per (V tile, block, value head): one program each, or with LOOP one per
     (V tile, run of a sequence's blocks, value head) (seg_ptr: ChunkPlan.segments; offsets_ptr: the sequences'
@@ -165,7 +169,8 @@ def fwd_o_kernel(q_ptr, k_ptr, vnew_ptr, gcum_ptr, h_ptr, o_ptr, cu_ptr, chunks_
     through tensor descriptors built once per program (as the prologue's TMA). With NORM_Q it l2-normalises its q
     rows itself (KP: K padded to a power of two); with FOLD q and k are raw and the gates of Q.h's rows and Q.K^T's
     rows and columns are gq = G - log|q| and gk = G + log|k| (gq_ptr, gk_ptr: fp32 [tokens, HV]), which divide the
-    products by the norms in fp32."""
+    products by the norms in fp32. With SPLIT_SCORES the gated scores enter their product with V_new as two bf16
+    terms (tiles.chunk_output's SPLIT)."""
     i_v, i_hv = tl.program_id(0), tl.program_id(2)
     if LOOP or (OUT_M > 1):
         i_n = tl.load(seg_ptr + 3 * tl.program_id(1))
@@ -192,10 +197,11 @@ def fwd_o_kernel(q_ptr, k_ptr, vnew_ptr, gcum_ptr, h_ptr, o_ptr, cu_ptr, chunks_
     if LOOP:
         for i_t in tl.range(t0, t1, OUT_M, num_stages=LOOP_STAGES):
             _output_chunk(bos, eos, i_t, c0 + i_t, i_v, i_hv, qd, kd, hd, vd, od, q_ptr, k_ptr, vnew_ptr, gcum_ptr,
-                          h_ptr, o_ptr, scale, gq_ptr, gk_ptr, H, HV, K, V, BV, BT, NORM_Q, KP, I64, FOLD, TMA, OUT_M)
+                          h_ptr, o_ptr, scale, gq_ptr, gk_ptr, H, HV, K, V, BV, BT, NORM_Q, KP, I64, FOLD, TMA, OUT_M,
+                          SPLIT_SCORES)
     else:
         _output_chunk(bos, eos, t0, c0 + t0, i_v, i_hv, qd, kd, hd, vd, od, q_ptr, k_ptr, vnew_ptr, gcum_ptr, h_ptr,
-                      o_ptr, scale, gq_ptr, gk_ptr, H, HV, K, V, BV, BT, NORM_Q, KP, I64, FOLD, TMA, OUT_M)
+                      o_ptr, scale, gq_ptr, gk_ptr, H, HV, K, V, BV, BT, NORM_Q, KP, I64, FOLD, TMA, OUT_M, SPLIT_SCORES)
 
 
 @triton.jit
@@ -212,7 +218,7 @@ def _h_tile(hb, hd, state, k0, v0, K: tl.constexpr, V: tl.constexpr, BV: tl.cons
 def _output_chunk(bos, eos, i_t, i_c, i_v, i_hv, qd, kd, hd, vd, od, q_ptr, k_ptr, vnew_ptr, gcum_ptr, h_ptr, o_ptr,
                   scale, gq_ptr, gk_ptr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                   BV: tl.constexpr, BT: tl.constexpr, NORM_Q: tl.constexpr, KP: tl.constexpr, I64: tl.constexpr,
-                  FOLD: tl.constexpr, TMA: tl.constexpr, OUT_M: tl.constexpr = 1):
+                  FOLD: tl.constexpr, TMA: tl.constexpr, OUT_M: tl.constexpr = 1, SPLIT_SCORES: tl.constexpr = False):
     """fwd_o_kernel's work for the OUT_M chunks from chunk i_t of the sequence in rows bos..eos (global chunk i_c),
     V tile i_v, value head i_hv."""
     i_h = i_hv // (HV // H)
@@ -250,7 +256,7 @@ def _output_chunk(bos, eos, i_t, i_c, i_v, i_hv, qd, kd, hd, vd, od, q_ptr, k_pt
                                   qn, NORM_Q, qd, kd, r0, TMA)
         o_acc, sc = o_acc + oi, sc + si
     v_new = load_tile(vnew_ptr + i_hv * V, vd, rows, mrow, HV * V, r0, v0, BV, V, TMA)
-    out = chunk_output(o_acc, sc, g_row, g_col, rows, mrow, v_new, scale)
+    out = chunk_output(o_acc, sc, g_row, g_col, rows, mrow, v_new, scale, SPLIT_SCORES)
     store_tile(o_ptr + i_hv * V, od, rows, mrow, HV * V, r0, v0, out, BV, V, TMA)
 
 
@@ -271,7 +277,7 @@ def two_kernel(pro: Prologue, v: torch.Tensor, o: torch.Tensor, plan: ChunkPlan,
                num_stages: int | None = None, out_BV: int | None = None, out_warps: int | None = None,
                out_stages: int | None = None, index64: bool | None = None, out_programs: int = 0,
                out_tma: bool = False, out_chunks: int = 1, fused_output: bool = False,
-               walk_k_once: bool = False, walk_ws: bool = False) -> None:
+               walk_k_once: bool = False, walk_ws: bool = False, split_scores: bool = False) -> None:
     """State kernel then output kernel on flattened tensors; writes o and (if given) ht. `BV`, `num_warps` and
     `num_stages` configure the state kernel, and the output kernel too unless its `out_*` options are given
     (None: Triton's default stages). The output kernel l2-normalises q when the prologue left that to it
@@ -286,7 +292,9 @@ def two_kernel(pro: Prologue, v: torch.Tensor, o: torch.Tensor, plan: ChunkPlan,
     prologue's T only): the state kernel keeps each chunk's K tiles, loaded for K S, for the state update rather
     than loading them again (fwd_h_kernel's K_ONCE): the same numbers, fewer tiles in its pipeline's buffers.
     `walk_ws` (the walk that takes W and U, its output kernel apart): the state kernel reads its W, U and K tiles
-    through tensor descriptors and is warp-specialised (fwd_h_kernel's WS): the same numbers."""
+    through tensor descriptors and is warp-specialised (fwd_h_kernel's WS): the same numbers. `split_scores`: the
+    output's gated scores enter their product with V_new as two bf16 terms instead of rounded to bf16 (whichever
+    kernel writes the output; their SPLIT_SCORES): other numbers, closer to float64 (docs/speed-notes.md item 74)."""
     tokens, H, K = pro.k.shape
     HV, V = v.shape[1], v.shape[2]
     N = plan.cu_seqlens.numel() - 1
@@ -325,7 +333,7 @@ def two_kernel(pro: Prologue, v: torch.Tensor, o: torch.Tensor, plan: ChunkPlan,
            plan.cu_seqlens, plan.chunk_offsets, gk, *walk_t, pro.q, o, gq, scale, H=H, HV=HV, K=K, V=V, BV=BV,
            HAS_H0=initial_state is not None, STORE_HT=ht is not None, STATE_V_FIRST=state_v_first, BT=BT, I64=i64,
            FOLD=fold, T_FORM=t_form, H_EVERY=out_chunks, OUTPUT=fused_output, K_ONCE=walk_k_once, WS=walk_ws,
-           num_warps=num_warps,
+           SPLIT_SCORES=split_scores and fused_output, num_warps=num_warps,
            device=dev,
            **({} if num_stages is None else dict(num_stages=num_stages)))
     if plan.n_chunks and not fused_output:
@@ -338,5 +346,6 @@ def two_kernel(pro: Prologue, v: torch.Tensor, o: torch.Tensor, plan: ChunkPlan,
                v_new, pro.g_cum, h, o, plan.cu_seqlens, plan.chunks, scale, gq, gk,
                plan.chunks if segs is None else segs, plan.chunk_offsets, plan.n_chunks, H=H, HV=HV, K=K, V=V,
                BV=out_BV, BT=BT, NORM_Q=pro.norm_q, I64=i64, KP=pow2(K), FOLD=fold, LOOP=loop,
-               LOOP_STAGES=out_stages or 2, TMA=out_tma, OUT_M=out_chunks, num_warps=out_warps, device=dev,
+               LOOP_STAGES=out_stages or 2, TMA=out_tma, OUT_M=out_chunks, SPLIT_SCORES=split_scores,
+               num_warps=out_warps, device=dev,
                **({} if out_stages is None else dict(num_stages=out_stages)))
