@@ -27,10 +27,14 @@ __all__ = ["BACKENDS", "Backend", "chunk_gated_delta_rule", "get_backend", "regi
 
 # ---- built-in backends ----------------------------------------------------------------------------------------
 
-def _reference(q, k, v, g, beta, **kw: Any):
-    """The float64 per-token recurrence (it validates its inputs itself)."""
-    kw = {n: kw[n] for n in ("scale", "initial_state", "output_final_state", "use_qk_l2norm_in_kernel",
-                             "cu_seqlens", "state_v_first")}
+def _reference(q, k, v, g, beta, *, poison: bool = False, **kw: Any):
+    """The float64 per-token recurrence (it validates its inputs itself). It takes `poison` (its output is computed
+    afresh, never pre-filled) and no kernel option."""
+    args = ("scale", "initial_state", "output_final_state", "use_qk_l2norm_in_kernel", "cu_seqlens", "state_v_first")
+    unknown = sorted(set(kw) - set(args))
+    if unknown:
+        raise TypeError(f"options: the reference backend takes no kernel options, got {unknown}")
+    kw = {n: kw[n] for n in args}
     return reference.recurrent_gated_delta_rule_ref(q, k, v, g, beta, **kw)
 
 
@@ -96,7 +100,8 @@ def _triton(path: str, by_size: Callable[[int, int, int], dict[str, Any]] | None
                                                                  "split_scores"})
         unknown = set(opts) - allowed
         if unknown:
-            raise TypeError(f"options: {path} backend does not take {sorted(unknown)}; it takes {sorted(allowed)}")
+            raise TypeError(f"options: this backend (the {path} kernels) does not take {sorted(unknown)}; it takes "
+                            f"{sorted(allowed)}")
         opts = _settle_output(opts, options, defaults, sized)
         bv = opts.pop("BV", 64)
         if bv not in STATE_BVS:

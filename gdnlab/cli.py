@@ -5,6 +5,14 @@ import argparse
 import sys
 
 
+def _positive(text: str) -> int:
+    """argparse type: an integer of at least 1."""
+    n = int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {n}")
+    return n
+
+
 def _reproduce(argv: list[str]) -> int:
     from gdnlab.reproduce import reproduce
 
@@ -28,9 +36,10 @@ def _reproduce(argv: list[str]) -> int:
                          "of your own, its subfolder <backend>/ there, so the lab's reports are never overwritten)")
     ap.add_argument("--only", metavar="NAME", action="append", default=[],
                     help="run only notebooks whose name contains NAME (repeatable), e.g. 01 or bv_sweep")
-    ap.add_argument("--jobs", type=int, default=None, help="notebooks run at once (default: 2 on cpu, 1 on cuda)")
+    ap.add_argument("--jobs", type=_positive, default=None,
+                    help="notebooks run at once (default: 2 on cpu, 1 on cuda)")
     ap.add_argument("--kernel", default=None, help="Jupyter kernel name (default: 'gdnlab', registered if missing)")
-    ap.add_argument("--timeout", type=int, default=None, help="seconds per cell before a notebook fails")
+    ap.add_argument("--timeout", type=_positive, default=None, help="seconds per cell before a notebook fails")
     # Ctrl-C / SIGTERM: pending notebooks are cancelled, running ones stopped, finished ones kept; exit status 130.
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
     a = ap.parse_args(argv)
@@ -43,8 +52,10 @@ def _check(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(
         prog="gdnlab check",
         description="Judge a backend: budgets, final state, initial state, error growth with chunk count against "
-                    "the two-kernel path, padding rows, written outputs, inputs left unchanged (gdnlab/verdict.py). "
-                    "Exits 0 on PASS, 1 on FAIL, 2 on a usage error.")
+                    "the two-kernel path, padding rows, written outputs, inputs left unchanged, the output's dtype "
+                    "and the call's other arguments (scale, use_qk_l2norm_in_kernel, state_v_first, "
+                    "output_final_state; gdnlab/verdict.py). Exits 0 on PASS, 1 on FAIL, 2 on a usage error or "
+                    "when the plugin or the CSV path fails.")
     ap.add_argument("--backend", metavar="NAME", required=True, help="a registered backend, e.g. fused_fixed")
     ap.add_argument("--plugin", metavar="MODULE", action="append", default=[],
                     help="import MODULE first (it registers backends); repeatable; the current directory is on "
@@ -70,6 +81,9 @@ def _check(argv: list[str]) -> int:
     except ImportError as e:
         print(f"gdnlab check: --plugin: {e}", file=sys.stderr)
         return 2
+    except Exception as e:  # noqa: BLE001 - a plugin that fails to load is a usage error, not a FAIL
+        print(f"gdnlab check: --plugin: importing it raised {type(e).__name__}: {e}", file=sys.stderr)
+        return 2
     if a.backend in backends.UNAVAILABLE:
         print(f"gdnlab check: --backend {a.backend!r} cannot run here: {backends.UNAVAILABLE[a.backend]}",
               file=sys.stderr)
@@ -85,8 +99,6 @@ def _check(argv: list[str]) -> int:
             return 2
     v = verdict(a.backend, quick=not a.full, device=a.device)
     t = v.table()
-    if a.csv:
-        t.to_csv(a.csv, index=False)
     with pd.option_context("display.width", 200, "display.max_colwidth", 90, "display.max_rows", 500):
         print(t.drop(columns=["backend", "reason"]).to_string(index=False, formatters={
             "value": "{:.3g}".format, "limit": "{:.3g}".format}))
@@ -94,6 +106,12 @@ def _check(argv: list[str]) -> int:
         print(f"FAIL {c.check} [{c.case}]: {c.reason}")
     print(f"\n{a.backend}: {'PASS' if v.ok else 'FAIL'} ({len(v.checks) - len(v.failures)} of {len(v.checks)} checks "
           f"passed) [{v.seconds} s, {'quick' if v.quick else 'full'} set, {a.device}]")
+    if a.csv:
+        try:
+            t.to_csv(a.csv, index=False)
+        except OSError as e:
+            print(f"gdnlab check: --csv: cannot write {a.csv}: {e.strerror or e}", file=sys.stderr)
+            return 2
     return 0 if v.ok else 1
 
 
@@ -104,9 +122,10 @@ def main(argv: list[str] | None = None) -> int:
                 "check": "judge a backend (your kernel): PASS/FAIL with reasons, in seconds on CPU",
                 "compile-matrix": "compile every kernel for Hopper, MI300X and RDNA3.5 without the hardware"}
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in commands:
+        asked = not argv or argv[0] in ("-h", "--help")
         print("usage: gdnlab {reproduce,check,compile-matrix} [options]\n\n" +
               "\n".join(f"  {c:<16}{h}" for c, h in commands.items()) +
-              "\n\n`gdnlab COMMAND --help` for the options of each.", file=sys.stderr if argv else sys.stdout)
+              "\n\n`gdnlab COMMAND --help` for the options of each.", file=sys.stdout if asked else sys.stderr)
         return 0 if not argv or argv[0] in ("-h", "--help") else 2
     if argv[0] == "reproduce":
         return _reproduce(argv[1:])

@@ -82,6 +82,8 @@ def load_plugins(plugins: Iterable[str]) -> list[str]:
     """
     before = set(_backends.BACKENDS)
     for mod in plugins:
+        if mod.endswith(".py"):
+            raise ImportError(f"{mod!r} is a file name; name the module: {mod[:-3].replace('/', '.')!r}")
         importlib.import_module(mod)
     return [b for b in _backends.BACKENDS if b not in before]
 

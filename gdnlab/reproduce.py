@@ -45,12 +45,14 @@ from typing import Any
 
 from tqdm import tqdm
 
-__all__ = ["NotebookSpec", "NOTEBOOKS", "DEFAULT_BACKENDS", "notebooks_dir", "default_out", "gpu_slug",
+__all__ = ["NotebookSpec", "NOTEBOOKS", "DEFAULT_BACKENDS", "DEFAULT_CANDIDATE", "notebooks_dir", "default_out", "gpu_slug",
            "ensure_kernel", "notebook_parameters", "declared_parameters", "discover", "reproduce", "write_index",
            "add_target_jupyter_path", "broken_links", "ANSWERS"]
 
 #: The lab's own backends, run in every notebook; a user's --backend is added to them.
 DEFAULT_BACKENDS = ["two_kernel", "fused_shipped", "fused_fixed"]
+#: The candidate the lab's own reports judge (--backend's default).
+DEFAULT_CANDIDATE = "fused_shipped"
 
 
 @dataclass(frozen=True)
@@ -141,13 +143,14 @@ def gpu_slug(name: str) -> str:
 
 
 def default_out(device: str, backend: str | None = None) -> Path:
-    """reports/ on the CPU, reports/<gpu-name-slug>/ on CUDA; a user's candidate backend (not one of the lab's own)
-    gets a folder of its own below that, reports/[<gpu>/]<backend>/, so that it never overwrites the lab's reports."""
+    """reports/ on the CPU, reports/<gpu-name-slug>/ on CUDA; any candidate but the default (the shipped fused
+    kernel, the one the lab's reports judge) gets a folder of its own below that, reports/[<gpu>/]<backend>/, so
+    that it never overwrites the lab's reports."""
     root = Path("reports")
     if device == "cuda":
         import torch
         root = root / gpu_slug(torch.cuda.get_device_name())
-    if backend is not None and backend not in DEFAULT_BACKENDS:
+    if backend is not None and backend != DEFAULT_CANDIDATE:
         root = root / re.sub(r"[^A-Za-z0-9_.-]+", "-", backend)
     return root
 
@@ -572,6 +575,10 @@ def _reproduce(ctl: _Control, *, device: str = "cpu", backend: str | None = None
     except ImportError as e:
         print(f"gdnlab reproduce: --plugin: {e}", file=sys.stderr)
         return 2
+    if backend is not None and backend in _backends.UNAVAILABLE:
+        print(f"gdnlab reproduce: --backend {backend!r} cannot run here: {_backends.UNAVAILABLE[backend]}",
+              file=sys.stderr)
+        return 2
     if backend is not None and backend not in _backends.BACKENDS:
         print(f"gdnlab reproduce: --backend {backend!r} is not registered (known: {', '.join(_backends.BACKENDS)});"
               f" name the module that registers it with --plugin", file=sys.stderr)
@@ -649,7 +656,7 @@ def _reproduce(ctl: _Control, *, device: str = "cpu", backend: str | None = None
     # (no dates, no wall times), so a rerun leaves git clean. Wall times go to timings.json, which is not committed.
     for volatile in ("generated_at", "seconds"):
         manifest.pop(volatile, None)
-    manifest.update(environment=_environment(device), quick=quick, candidate=backend or "fused_shipped",
+    manifest.update(environment=_environment(device), quick=quick, candidate=backend or DEFAULT_CANDIDATE,
                     command="gdnlab reproduce " + " ".join(sys.argv[2:]) if sys.argv[1:2] == ["reproduce"]
                     else "gdnlab reproduce")
     if interrupted:

@@ -7,6 +7,14 @@ set of seeded cases and checks, each against the float64 reference (:func:`gdnla
     the call returns ``(o, final_state)`` with the input's shapes and no exception.
 ``inputs unchanged``
     every input tensor is bit-equal after the call to a copy taken before it.
+``output dtype``
+    the output has q's dtype (the API contract, docs/design.md §5).
+``call contract``
+    the arguments every other case leaves at one value, each set the other way once on a two-chunk case with an
+    initial state and compared with the reference called the same way (output and final state in their budgets):
+    an explicit ``scale``; ``use_qk_l2norm_in_kernel=False`` on q and k whose rows are not unit length (a kernel
+    that normalises anyway lands far off); ``state_v_first=True`` (the initial state given and the final state
+    returned as ``[N, HV, V, K]``); ``output_final_state=False`` (no final state returned: None).
 ``outputs written``
     every valid output row and every final-state element is finite. Backends that take ``poison`` (the lab's own)
     are run with ``poison=True``, so an element no kernel wrote stays NaN; NaN never passes any check.
@@ -59,6 +67,7 @@ from gdnlab import metrics
 from gdnlab.experiments import poisoned_call, reference
 from gdnlab.inputs import GDNInputs, make_inputs
 from gdnlab.kernel_params import BT
+from gdnlab.reference import l2norm
 
 __all__ = ["GROWTH_MARGIN", "H0_EFFECT_FRACTION", "VerdictCase", "Check", "Verdict", "quick_cases", "full_cases",
            "growth_chunks", "growth_slope", "verdict"]
@@ -126,8 +135,8 @@ def growth_chunks(quick: bool) -> list[int]:
 
 
 #: Order of failed checks in a summary: what is wrong before how large the error is.
-_ORDER = {"runs": 0, "inputs unchanged": 1, "outputs written": 2, "padding rows zero": 3, "initial state used": 4,
-          "error growth": 5, "output budget": 6, "final-state budget": 7}
+_ORDER = {"runs": 0, "inputs unchanged": 1, "output dtype": 2, "outputs written": 3, "padding rows zero": 4,
+          "initial state used": 5, "call contract": 6, "error growth": 7, "output budget": 8, "final-state budget": 9}
 
 
 def _rank(c: Check) -> int:
@@ -245,6 +254,8 @@ def _run_case(backend: str, case: VerdictCase, inp: GDNInputs) -> tuple[list[Che
     checks.append(Check("runs", case.name, not bad_shape, reason="; ".join(bad_shape)))
     if bad_shape:
         return checks, None
+    checks.append(Check("output dtype", case.name, o.dtype == inp.q.dtype,
+                        reason="" if o.dtype == inp.q.dtype else f"o is {o.dtype}, q is {inp.q.dtype}"))
     mask = metrics.valid_rows(inp.cu_seqlens.cpu() if inp.cu_seqlens is not None else None, o.shape[1], o.shape[0])
     valid = o[0][mask.to(o.device)] if inp.cu_seqlens is not None else o
     nonfinite = int((~torch.isfinite(valid.float())).sum()) + int((~torch.isfinite(ht.float())).sum())
@@ -289,6 +300,51 @@ def _h0_checks(case: VerdictCase, inp: GDNInputs, o: torch.Tensor, ht: torch.Ten
             if err0 < err:
                 why += f"; it is closer to the reference without initial_state ({_fmt(err0)}): initial_state ignored?"
         rows.append(Check(f"initial state used ({what})", case.name, good, err, lim, why))
+    return rows
+
+
+def _contract_checks(backend: str, shape: dict[str, int], device: str | torch.device) -> list[Check]:
+    """The call-contract checks of this module's docstring, one per argument."""
+    inp = VerdictCase("contract", T=BT + 33, seed=231).inputs(shape, device)
+    K = inp.q.shape[-1]
+    unnormalised = replace(inp, q=(1.3 * l2norm(inp.q.float())).to(inp.q.dtype),
+                           k=(0.7 * l2norm(inp.k.float())).to(inp.k.dtype), use_qk_l2norm_in_kernel=False)
+    variants = {"scale": (replace(inp, scale=0.37 * K ** -0.5), {}),
+                "use_qk_l2norm_in_kernel=False": (unnormalised, {}),
+                "state_v_first": (inp, {"state_v_first": True}),
+                "output_final_state=False": (inp, {"output_final_state": False})}
+    rows = []
+    for arg, (x, extra) in variants.items():
+        name, kw = f"call contract ({arg})", {**x.kwargs(), **extra}
+        if extra.get("state_v_first"):
+            kw["initial_state"] = x.initial_state.transpose(-1, -2).contiguous()
+        o_ref, s_ref = reference(x)
+        try:
+            o, ht = poisoned_call(kw, backend)
+        except Exception as e:  # noqa: BLE001 - refusing a documented argument fails the check
+            rows.append(Check(name, "contract", False, reason=f"{type(e).__name__}: {str(e)[:200]}"))
+            continue
+        why = []
+        err, lim = math.nan, metrics.CUTEDSL_OUTPUT.limits()["max_abs"]
+        if isinstance(o, torch.Tensor) and o.shape == o_ref.shape:
+            ok, errs = metrics.CUTEDSL_OUTPUT.check(o, o_ref)
+            err = errs["max_abs"]
+            if not ok:
+                why.append(f"output outside the {metrics.CUTEDSL_OUTPUT.name} budget (max abs {_fmt(err)})")
+        else:
+            why.append(f"o is {tuple(o.shape) if isinstance(o, torch.Tensor) else type(o).__name__}, expected "
+                       f"{tuple(o_ref.shape)}")
+        if extra.get("output_final_state") is False:
+            if ht is not None:
+                why.append(f"returned a final state ({type(ht).__name__}) where none was asked for; expected None")
+        else:
+            want = s_ref.transpose(-1, -2) if extra.get("state_v_first") else s_ref
+            if not (isinstance(ht, torch.Tensor) and ht.shape == want.shape):
+                why.append(f"final state {tuple(ht.shape) if isinstance(ht, torch.Tensor) else ht!r}, expected "
+                           f"{tuple(want.shape)}")
+            elif not metrics.CUTEDSL_STATE.check(ht, want.to(ht.dtype))[0]:
+                why.append(f"final state outside the {metrics.CUTEDSL_STATE.name} budget")
+        rows.append(Check(name, "contract", not why, err, lim, "; ".join(why)))
     return rows
 
 
@@ -360,6 +416,7 @@ def verdict(backend: str, *, quick: bool = True, device: str | torch.device = "c
         else:
             v.checks += _budget("output budget", case.name, metrics.CUTEDSL_OUTPUT, o, o_ref, mask)
             v.checks += _budget("final-state budget", case.name, metrics.CUTEDSL_STATE, ht, s_ref.to(ht.dtype), None)
+    v.checks += _contract_checks(backend, shape, device)
     rows, _ = _growth(backend, baseline, quick, shape, device)
     v.checks += rows
     v.seconds = round(time.time() - t0, 1)

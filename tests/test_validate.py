@@ -187,3 +187,38 @@ def test_supported_dtypes_leave_other_calls_alone() -> None:
     with pytest.raises(TypeError, match=r"^q: this backend computes q, k, v in torch.bfloat16 only"):
         check_inputs(**{**kw, "q": kw["q"].half(), "k": kw["k"].half(), "v": kw["v"].half()},
                      dtypes=(torch.bfloat16,))
+
+
+def _bf16(kw: dict[str, Any]) -> dict[str, Any]:
+    """The arguments with q, k, v in bf16, as the Triton backends take them."""
+    return {k: (v.to(torch.bfloat16) if k in ("q", "k", "v") else v) for k, v in kw.items()}
+
+
+@pytest.mark.parametrize("backend", ["two_kernel", "fast"])
+@pytest.mark.parametrize("change, exc, match", [
+    (dict(cu_seqlens=torch.tensor([[0, 12]], dtype=torch.int32)), ValueError, "^cu_seqlens: must be 1-d"),
+    (dict(cu_seqlens=torch.tensor(12, dtype=torch.int32)), ValueError, "^cu_seqlens: must be 1-d"),
+    (dict(scale=[0.25]), TypeError, "^scale: "),
+    (dict(output_final_state=[True]), TypeError, "^output_final_state: must be a bool"),
+])
+def test_triton_backends_name_the_argument_before_their_call_cache(backend: str, change: dict, exc: type,
+                                                                   match: str) -> None:
+    """The Triton backends remember checked calls by their signature (pipeline.signature); an argument that cannot
+    be part of one goes to the full check, which names it, instead of failing while the key is built."""
+    import gdnlab
+    kw = {**_bf16(_good()), **change}
+    if "cu_seqlens" in change:
+        kw = {**kw, "q": kw["q"][:1], "k": kw["k"][:1], "v": kw["v"][:1], "g": kw["g"][:1], "beta": kw["beta"][:1],
+              "initial_state": None}
+    with pytest.raises(exc, match=match):
+        gdnlab.chunk_gated_delta_rule(**kw, backend=backend)
+
+
+def test_options_are_refused_by_every_backend_that_does_not_take_them() -> None:
+    import gdnlab
+    for backend, match in (("reference", "reference backend takes no kernel options"),
+                            ("fast", r"this backend \(the two_kernel kernels\) does not take \['bv'\]")):
+        with pytest.raises(TypeError, match=match):
+            gdnlab.chunk_gated_delta_rule(**_bf16(_good()), backend=backend, bv=32)
+    o, _ = gdnlab.chunk_gated_delta_rule(**_good(), backend="reference", poison=True)  # poison: accepted, no effect
+    assert torch.isfinite(o).all()

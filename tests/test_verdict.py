@@ -21,14 +21,17 @@ FORGETFUL = textwrap.dedent("""
     from gdnlab.backends import register_backend
 
     def forgetful(q, k, v, g, beta, initial_state=None, **kw):
-        return gdnlab.chunk_gated_delta_rule(q, k, v, g, beta, initial_state=None, backend="reference", **kw)
+        o, ht = gdnlab.chunk_gated_delta_rule(q, k, v, g, beta, initial_state=None, backend="reference", **kw)
+        return o.to(q.dtype), ht
 
     register_backend("forgetful", forgetful, overwrite=True)
 """)
 
 
 def _ref(q, k, v, g, beta, **kw):
-    return gdnlab.chunk_gated_delta_rule(q, k, v, g, beta, backend="reference", **kw)
+    """The float64 reference as a kernel returns it: the output in q's dtype."""
+    o, ht = gdnlab.chunk_gated_delta_rule(q, k, v, g, beta, backend="reference", **kw)
+    return o.to(q.dtype), ht
 
 
 def _mutating(q, k, v, g, beta, **kw):
@@ -116,6 +119,28 @@ def test_forgetful_plugin_fails_on_the_initial_state_check(tmp_path):
     assert "forgetful: FAIL" in r.stdout
 
 
+def _sloppy(q, k, v, g, beta, scale=None, use_qk_l2norm_in_kernel=False, output_final_state=False,
+            state_v_first=False, **kw):
+    """A kernel that ignores four of the call's arguments (always the default scale, always normalising, always
+    returning the final state, K-first) and returns fp32."""
+    o, ht = gdnlab.chunk_gated_delta_rule(q, k, v, g, beta, backend="reference", use_qk_l2norm_in_kernel=True,
+                                          output_final_state=True, **kw)
+    return o.float(), ht
+
+
+def test_the_call_contract_catches_ignored_arguments_and_the_output_dtype():
+    register_backend("v_sloppy", _sloppy, overwrite=True)
+    v = verdict("v_sloppy")
+    failed = {c.check for c in v.failures}
+    assert {f"call contract ({a})" for a in ("scale", "use_qk_l2norm_in_kernel=False", "state_v_first",
+                                            "output_final_state=False")} <= failed, v.summary()
+    assert "output dtype" in failed and v.failures[0].check == "output dtype"
+    assert not any(c.check.startswith("output budget") for c in v.failures)  # the default call is right
+    reasons = {c.check: c.reason for c in v.failures}
+    assert "expected None" in reasons["call contract (output_final_state=False)"]
+    assert "torch.float32" in reasons["output dtype"]
+
+
 def test_check_cli_refuses_an_unknown_backend(capsys):
     from gdnlab.cli import main
     assert main(["check", "--backend", "nope"]) == 2
@@ -164,3 +189,17 @@ def test_bv8_answer_from_the_committed_release_sweep():
     ok = rel[~((rel.target == "hip:gfx1151") & (rel.BV == 8) & (rel.status != "ok"))]
     with pytest.raises(AssertionError, match="expected some release to reject BV=8"):
         findings.bv8_by_release(ok)
+
+
+def test_check_cli_tells_a_broken_plugin_and_an_unwritable_csv_from_a_fail(tmp_path, monkeypatch, capsys):
+    from gdnlab.cli import main
+    (tmp_path / "broken_plugin_v.py").write_text("raise ValueError('backend name taken')\n")
+    monkeypatch.chdir(tmp_path)
+    assert main(["check", "--plugin", "broken_plugin_v", "--backend", "two_kernel"]) == 2
+    assert "ValueError: backend name taken" in capsys.readouterr().err
+    assert main(["check", "--plugin", "broken_plugin_v.py", "--backend", "two_kernel"]) == 2
+    assert "name the module: 'broken_plugin_v'" in capsys.readouterr().err
+    register_backend("v_reference", _ref, overwrite=True)
+    assert main(["check", "--backend", "v_reference", "--csv", str(tmp_path / "no" / "such" / "v.csv")]) == 2
+    out = capsys.readouterr()
+    assert "v_reference: PASS" in out.out and "cannot write" in out.err
