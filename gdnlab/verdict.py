@@ -235,9 +235,14 @@ def _run_case(backend: str, case: VerdictCase, inp: GDNInputs) -> tuple[list[Che
     """The generic checks of one call; returns them and (o, ht) or None when the call failed."""
     before = {k: v.clone() for k, v in _tensors(inp).items()}
     try:
-        o, ht = _call(backend, inp)
+        got = _call(backend, inp)
     except Exception as e:  # noqa: BLE001 - a backend that raises fails its verdict, with the error as the reason
         return [Check("runs", case.name, False, reason=f"{type(e).__name__}: {str(e)[:300]}")], None
+    if not (isinstance(got, (tuple, list)) and len(got) == 2):
+        what = f"a {type(got).__name__} of {len(got)}" if isinstance(got, (tuple, list)) else type(got).__name__
+        return [Check("runs", case.name, False, reason=f"returned {what}; a backend returns (o, final_state), "
+                                                        "final_state None when output_final_state=False")], None
+    o, ht = got
     checks = []
     changed = [k for k, v in _tensors(inp).items() if not _same_bits(v, before[k])]
     checks.append(Check("inputs unchanged", case.name, not changed, float(len(changed)), 0.0,

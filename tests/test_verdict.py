@@ -203,3 +203,10 @@ def test_check_cli_tells_a_broken_plugin_and_an_unwritable_csv_from_a_fail(tmp_p
     assert main(["check", "--backend", "v_reference", "--csv", str(tmp_path / "no" / "such" / "v.csv")]) == 2
     out = capsys.readouterr()
     assert "v_reference: PASS" in out.out and "cannot write" in out.err
+
+
+def test_a_backend_returning_only_the_output_is_told_what_to_return():
+    register_backend("v_only_o", lambda q, k, v, g, beta, **kw: _ref(q, k, v, g, beta, **kw)[0], overwrite=True)
+    v = verdict("v_only_o")
+    assert not v.ok and v.failures[0].check == "runs"
+    assert "returns (o, final_state)" in v.failures[0].reason
