@@ -33,7 +33,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--reps", type=int, default=1000, help="paired eager samples of the auto_overhead part")
     ap.add_argument("--rule", type=int, default=None, metavar="ITEM",
                     help="measure the candidate rule of speed-notes item ITEM (gdnlab.rules): its parts, shapes and "
-                         "backends, which --parts, --shapes and --backends may not also name")
+                         "backends, which --parts, --shapes, --backends and --conformance-backends may not also name")
     return ap
 
 
@@ -42,7 +42,8 @@ def arguments(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser().parse_args(argv)
     if args.rule is not None:
         from gdnlab import rules
-        named = [f"--{k}" for k in ("parts", "shapes", "backends") if getattr(args, k)]
+        named = [f"--{k.replace('_', '-')}" for k in ("parts", "shapes", "backends", "conformance_backends")
+                 if getattr(args, k)]
         if named:
             parser().error(f"--rule {args.rule} sets {', '.join(named)} itself")
         try:

@@ -20,16 +20,40 @@ def _item(n: int) -> str:
     return " ".join(m.group(1).split())
 
 
+#: How the speed notes name each sweep regime in a rule.
+_REGIME = {"slow_gate": "slow-gate", "cutedsl_gate": "CuteDSL-gate"}
+
+
+def _rule_text(text: str) -> str:
+    """The rule's own sentence of an item: from "Rule, written now" to "Otherwise"."""
+    return text.split("Rule, written now", 1)[1].split("Otherwise", 1)[0]
+
+
+def _bound(regime: str, factor: float, many: bool) -> str:
+    """The words that bound the errors in one regime, as the notes write them: with one regime "at most fast's" and
+    the regime apart; with several, each factor followed by its regime."""
+    at_most = "at most fast's" if factor == 1.0 else f"at most {factor}x fast's"
+    return f"{at_most} in the {{sweep's }}{_REGIME[regime]} regime" if many else at_most
+
+
 @pytest.mark.parametrize("item", sorted(rules.RULES))
 def test_each_rule_is_the_one_its_item_wrote_before_the_run(item):
     r, text = rules.get(item), _item(item)
     written = text.split("Measured")[0]  # the rule, before any measurement
+    rule = _rule_text(written)
     assert f'--backends "{",".join(r.backends)}"' in written
     assert f"--shapes {','.join(r.shapes)}" in written and f"--parts {','.join(r.parts)}" in written
-    assert f"at most {r.worst}x" in written and (r.best is None or f"at most {r.best}x" in written)
-    for regime, factor in r.accuracy:
-        assert {"slow_gate": "slow-gate", "cutedsl_gate": "CuteDSL"}[regime] in written
-        assert f"at most {'' if factor == 1.0 else f'{factor}x '}fast's" in written
+    assert f"at most {r.worst}x" in rule
+    gain = re.search(r"at most (0\.\d+)x at one or more", rule)
+    assert (r.best is None) == (gain is None) and (gain is None or float(gain.group(1)) == r.best)
+    named = {g for g, words in _REGIME.items() if words in rule}
+    assert named == {g for g, _ in r.accuracy}, (named, r.accuracy)  # no regime dropped or added
+    many = len(r.accuracy) > 1
+    for i, (regime, factor) in enumerate(r.accuracy):
+        bound = _bound(regime, factor, many)
+        assert bound.replace("{sweep's }", "sweep's " if i == 0 else "") in rule, bound
+    planned = re.search(r"-k ([\w-]+)", re.sub(r"(\w)- (\w)", r"\1-\2", written))  # a line broke "wu-apart"
+    assert planned and planned.group(1) in r.tests.split(" or "), (planned, r.tests)
     assert (r.recorded is None) == ("Measured" not in text)
 
 
@@ -73,6 +97,15 @@ def test_a_rule_refuses_what_cannot_be_a_rule():
             dataclasses.replace(base, **bad)
     with pytest.raises(KeyError, match="70, 72, 73, 74"):
         rules.get(71)
+
+
+def test_confirm_judges_the_candidate_the_rule_picks():
+    import pandas as pd
+    table = pd.DataFrame({"speed": ["MISS: too slow", "met: fast enough"], "geomean": [0.90, 0.95],
+                          "misses": ["speed", ""]}, index=["a", "b"])
+    assert dataclasses.replace(rules.get(72), recorded=()).confirm(table, "b").numbers["adopted"] == "b"
+    with pytest.raises(AssertionError, match="differs"):
+        dataclasses.replace(rules.get(72), recorded=("speed",)).confirm(table, "b")
 
 
 def test_item_70s_verdict_is_recomputed_from_its_run_and_a_different_record_fails():

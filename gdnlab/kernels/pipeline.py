@@ -88,7 +88,7 @@ def signature(q: Any, k: Any, v: Any, g: Any, beta: Any, initial_state: Any, cu_
             x is None or isinstance(x, torch.Tensor) for x in (initial_state, cu_seqlens)):
         return None
     if (cu_seqlens is not None and cu_seqlens.dim() != 1) or not all(type(f) is bool for f in flags) or not (
-            scale is None or type(scale) in (int, float)):
+            scale is None or (isinstance(scale, (int, float)) and not isinstance(scale, bool))):
         return None
     cu = None if cu_seqlens is None else (meta(cu_seqlens), tuple(cu_seqlens.tolist()))
     return (*map(meta, tensors), meta(initial_state), cu, type(scale), scale, *((type(f), f) for f in flags))
