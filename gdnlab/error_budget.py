@@ -33,7 +33,8 @@ from gdnlab.kernel_params import BT
 from gdnlab.reference import chunk_gated_delta_rule_ref, l2norm, recurrent_gated_delta_rule_ref
 
 __all__ = ["ROUNDINGS", "PROLOGUE_ROUNDINGS", "WALK_T_ROUNDINGS", "SPLIT_ROUNDINGS", "KNOWN_ROUNDINGS", "emulate",
-           "configurations", "built_configurations", "budget", "savings", "largest_saving", "state_in_fp32",
+           "configurations", "built_configurations", "fold_configurations", "budget", "savings", "largest_saving",
+           "state_in_fp32",
            "against_device", "built_against_device", "lowers", "EXACT_TOL", "exact_without_roundings"]
 
 #: The bf16 rounding points of the two-kernel path, in the order the data meets them.
@@ -170,32 +171,44 @@ def budget(inputs: GDNInputs, lengths: Iterable[int], configs: dict[str, frozens
     return pd.DataFrame(rows)
 
 
-def savings(df: pd.DataFrame) -> pd.DataFrame:
+def savings(df: pd.DataFrame, base: str = "all") -> pd.DataFrame:
     """At the longest length of a :func:`budget` table: each set's max error (but "none"'s) and its ratio to
-    "all" (below 1: leaving that rounding out lowers the error), smallest ratio first, with the same ratio for the
-    mean error where the table has it."""
+    `base`'s ("vs_all"; below 1: leaving that rounding out lowers the error), smallest ratio first, with the same
+    ratio for the mean error ("mean_vs_all") where the table has it."""
     last = df[df.seq_len == df.seq_len.max()].set_index("config")
-    if "all" not in last.index:
-        raise ValueError("savings: the table has no 'all' row")
-    out = pd.DataFrame(dict(max_abs_err=last.max_abs_err, vs_all=last.max_abs_err / last.max_abs_err["all"]))
+    if base not in last.index:
+        raise ValueError(f"savings: the table has no {base!r} row")
+    out = pd.DataFrame(dict(max_abs_err=last.max_abs_err, vs_all=last.max_abs_err / last.max_abs_err[base]))
     if "mean_abs_err" in last:  # the mean error: every element's share, not one element's
-        out["mean_vs_all"] = last.mean_abs_err / last.mean_abs_err["all"]
-    return out.drop(index=["all", "none"], errors="ignore").sort_values("vs_all").assign(
+        out["mean_vs_all"] = last.mean_abs_err / last.mean_abs_err[base]
+    return out.drop(index=[base, "none"], errors="ignore").sort_values("vs_all").assign(
         n_chunks=int(df.n_chunks.max()))
 
 
-def largest_saving(df: pd.DataFrame) -> Summary:
-    """Which rounding the kernel could leave out (every point but the bf16 output itself) for the largest drop in
-    the max error at the longest length: a descriptive summary (some point always wins)."""
-    s = savings(df)
-    s = s[s.index.str.startswith("all but ") & (s.index != "all but output")]
+def largest_saving(df: pd.DataFrame, base: str = "all", error: str = "max_abs_err") -> Summary:
+    """Which rounding of the set `base` the kernel could leave out (every point but the bf16 output itself; rows
+    "<base> but X") for the largest drop in `error` (max_abs_err or mean_abs_err) at the longest length: a
+    descriptive summary (some point always wins)."""
+    col = {"max_abs_err": "vs_all", "mean_abs_err": "mean_vs_all"}[error]
+    s = savings(df, base)
+    lead = f"{base} but "
+    s = s[s.index.str.startswith(lead) & (s.index != f"{lead}output")].sort_values(col)
     best = s.index[0]
     n = int(df.n_chunks.max())
-    return Summary(f"At {n} chunks, leaving out {best[len('all but '):]} lowers the emulated max error most: "
-                   f"{s.vs_all.iloc[0]:.3f}x of all roundings' ({s.max_abs_err.iloc[0]:.3e} against "
-                   f"{s.max_abs_err.iloc[0] / s.vs_all.iloc[0]:.3e}); the other points: "
-                   + ", ".join(f"{i[len('all but '):]} {v:.3f}x" for i, v in s.vs_all.iloc[1:].items()) + ".",
-                   dict(best=best[len("all but "):], **s.vs_all.to_dict()))
+    what = "max" if error == "max_abs_err" else "mean"
+    return Summary(f"At {n} chunks, leaving {best[len(lead):]} out of {base}'s roundings lowers the emulated {what} "
+                   f"error most: {s[col].iloc[0]:.3f}x; the other points: "
+                   + ", ".join(f"{i[len(lead):]} {v:.3f}x" for i, v in s[col].iloc[1:].items()) + ".",
+                   dict(best=best[len(lead):], **{i[len(lead):]: float(v) for i, v in s[col].items()}))
+
+
+def fold_configurations() -> dict[str, frozenset[str]]:
+    """fast's rounding set (built_configurations's "fold_norm"), the same with each of its points but the output
+    left out ("fold_norm but X"), with split_scores, and "only output": what each of fast's roundings costs."""
+    built = built_configurations()
+    fold = built["fold_norm"]
+    return {"fold_norm": fold, **{f"fold_norm but {x}": fold - {x} for x in KNOWN_ROUNDINGS if x in fold},
+            "fold_norm + split_scores": built["fold_norm + split_scores"], "only output": frozenset({"output"})}
 
 
 def state_in_fp32(df: pd.DataFrame) -> Summary:

@@ -66,6 +66,15 @@ class GDNInputs:
                     cu_seqlens=self.cu_seqlens, scale=self.scale,
                     use_qk_l2norm_in_kernel=self.use_qk_l2norm_in_kernel, output_final_state=True)
 
+    def prefix(self, n: int) -> GDNInputs:
+        """The first `n` tokens of a dense problem (no cu_seqlens): a causal kernel's first n output rows are its
+        output for them, so a long draw's prefix is the draw a sweep measures at n tokens."""
+        if self.cu_seqlens is not None or not 0 < n <= self.q.shape[1]:
+            raise ValueError(f"prefix: takes a dense problem and 0 < n <= {self.q.shape[1]}, got n={n}"
+                             + (" with cu_seqlens" if self.cu_seqlens is not None else ""))
+        cut = {name: getattr(self, name)[:, :n].contiguous() for name in ("q", "k", "v", "g", "beta")}
+        return replace(self, **cut)
+
     def to(self, device: str | torch.device) -> GDNInputs:
         """A copy with every tensor on ``device`` (values unchanged)."""
         def mv(x: torch.Tensor | None) -> torch.Tensor | None:

@@ -118,3 +118,21 @@ def test_split_scores_form_replaces_the_scores_rounding_and_lowers_the_error_at_
     assert eb.lowers(df, "fold_norm + split_scores", "fold_norm", at_most=0.9).numbers["max_abs_err"] < 0.9
     with pytest.raises(AssertionError, match="lowers"):
         eb.lowers(df, "fold_norm", "fold_norm + split_scores", at_most=1.0)
+
+
+def test_a_prefix_is_the_start_of_the_long_draw_and_fast_s_savings_are_ranked_within_its_own_roundings():
+    """GDNInputs.prefix cuts the first n tokens (what a sweep measures at n tokens of one long draw); a fresh draw
+    of n tokens is another draw. largest_saving ranks the points of the set it is given."""
+    from gdnlab import experiments as ex
+    long = ex.Problem(regime="cutedsl").inputs(256, "cpu")
+    cut = long.prefix(128)
+    assert torch.equal(cut.q, long.q[:, :128]) and torch.equal(cut.g, long.g[:, :128])
+    assert not torch.equal(ex.Problem(regime="cutedsl").inputs(128, "cpu").g, cut.g)
+    with pytest.raises(ValueError, match="prefix"):
+        long.prefix(0)
+    configs = eb.fold_configurations()
+    assert "fold_norm but qk_norm" not in configs and "fold_norm but scores" in configs  # fast rounds no norm
+    df = eb.budget(cut, [128], configs)
+    best = eb.largest_saving(df, "fold_norm", "mean_abs_err")
+    assert best.numbers["best"] in {x[len("fold_norm but "):] for x in configs if x.startswith("fold_norm but ")}
+    assert best.numbers[best.numbers["best"]] == min(v for k, v in best.numbers.items() if k != "best")
