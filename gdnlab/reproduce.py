@@ -45,9 +45,9 @@ from typing import Any
 
 from tqdm import tqdm
 
-__all__ = ["NotebookSpec", "NOTEBOOKS", "DEFAULT_BACKENDS", "DEFAULT_CANDIDATE", "notebooks_dir", "default_out", "gpu_slug",
-           "ensure_kernel", "notebook_parameters", "declared_parameters", "discover", "reproduce", "write_index",
-           "add_target_jupyter_path", "broken_links", "ANSWERS"]
+__all__ = ["NotebookSpec", "NOTEBOOKS", "DEFAULT_BACKENDS", "DEFAULT_CANDIDATE", "notebooks_dir", "default_out",
+           "gpu_slug", "ensure_kernel", "notebook_parameters", "declared_parameters", "discover", "reproduce",
+           "write_index", "add_target_jupyter_path", "broken_links", "ANSWERS"]
 
 #: The lab's own backends, run in every notebook; a user's --backend is added to them.
 DEFAULT_BACKENDS = ["two_kernel", "fused_shipped", "fused_fixed"]

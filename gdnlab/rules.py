@@ -26,9 +26,9 @@ class CandidateRule:
     """A rule of the speed notes' form from item 70 on: fast takes the fastest of `candidates` at the class `shapes`
     if it is at most `worst` times fast's graph time at every shape and at most `best` at one or more (None: no gain
     asked, `worst` is a cost bound; replays equal), in budget in every conformance case, and in each sweep regime of
-    `accuracy` ((regime, factor), ...) at most that factor times fast's max and mean error at 1024 chunks. `tests` selects the GPU tests the call runs first (`pytest -k`). `recorded`: the parts
-    the notes record as missed after the run (() for none: the rule adopted its candidate), None while it is not
-    run."""
+    `accuracy` ((regime, factor), ...) at most that factor times fast's max and mean error at 1024 chunks. `tests`
+    selects the GPU tests the call runs first (`pytest -k`). `recorded`: the parts the notes record as missed after
+    the run (() for none: the rule adopted its candidate), None while it is not run."""
 
     item: int
     title: str
