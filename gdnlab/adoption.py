@@ -229,11 +229,15 @@ def judge_rule(bench: pd.DataFrame, conformance: pd.DataFrame, sweep: pd.DataFra
         rows[c] = {**parts, "geomean": _geomean(_class_ratios(bench, c, baseline, shapes)),
                    "misses": ", ".join(p for p in RULE_PARTS if parts[p].startswith("MISS"))}
     table = pd.DataFrame.from_dict(rows, orient="index")
-    fast_enough = table[table.speed.str.startswith("met")]  # best_candidate's pick, without a second speed_rule
-    if fast_enough.empty:
-        return table, None
-    pick = fast_enough.geomean.idxmin()
-    return table, (pick if not table.loc[pick, "misses"] else None)
+    pick = speed_pick(table)
+    return table, (pick if pick is not None and not table.loc[pick, "misses"] else None)
+
+
+def speed_pick(table: pd.DataFrame) -> str | None:
+    """The candidate a judge_rule table's speed part picks: the lowest geometric-mean time among those within the
+    speed bounds (best_candidate's pick, without a second speed_rule); None when none is."""
+    fast_enough = table[table.speed.str.startswith("met")]
+    return None if fast_enough.empty else fast_enough.geomean.idxmin()
 
 
 def tests_passed(pytest_tail: str, *, at_least: int = 1) -> Finding:

@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: gdnlab {reproduce,check,compile-matrix} [options]\n\n" +
               "\n".join(f"  {c:<16}{h}" for c, h in commands.items()) +
               "\n\n`gdnlab COMMAND --help` for the options of each.", file=sys.stdout if asked else sys.stderr)
-        return 0 if not argv or argv[0] in ("-h", "--help") else 2
+        return 0 if asked else 2
     if argv[0] == "reproduce":
         return _reproduce(argv[1:])
     if argv[0] == "check":

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from gdnlab.adoption import RULE_PARTS, judge_rule
+from gdnlab.adoption import RULE_PARTS, judge_rule, speed_pick
 from gdnlab.findings import Finding, _fail
 
 #: One sequence from 4096 tokens: the class where fast's prologue runs more than eight programs a multiprocessor
@@ -84,20 +84,18 @@ class CandidateRule:
                           best=self.best, accuracy=dict(self.accuracy))
 
     def confirm(self, table: pd.DataFrame, adopted: str | None) -> Finding:
-        """The recorded verdict, recomputed: raises unless the candidate the rule picks (the adopted one, else the
-        fastest of those within the speed bounds, else the fastest) missed exactly the recorded parts (or,
-        recorded clean, was adopted)."""
+        """The recorded verdict, recomputed: raises unless the candidate the rule picks (adoption.speed_pick, else
+        the fastest) missed exactly the recorded parts (or, recorded clean, was adopted)."""
         if self.recorded is None:
             raise _fail(f"item {self.item}: no verdict is recorded yet; judge the run and record it first", None)
-        met = table[table.speed.str.startswith("met")]  # judge_rule picks among the candidates fast enough
-        fastest = adopted or (met if len(met) else table).geomean.idxmin()
+        fastest = speed_pick(table) or table.geomean.idxmin()
         missed = tuple(p for p in table.loc[fastest, "misses"].split(", ") if p)
         if missed != self.recorded or (adopted is not None) != (not self.recorded):
             raise _fail(f"item {self.item}: the run's verdict differs from the recorded one",
                         {"recorded": self.recorded, "missed": missed, "adopted": adopted})
         what = f"adopts {adopted}" if adopted else f"misses {', '.join(missed)} ({fastest})"
         return Finding(f"Item {self.item}'s rule {what}, as the speed notes record.",
-                       {"adopted": adopted, "missed": list(missed), "geomean": float(table.geomean.min())})
+                       {"adopted": adopted, "missed": list(missed), "geomean": float(table.loc[fastest, "geomean"])})
 
 
 #: Every candidate rule of the speed notes in this form, by item.

@@ -311,10 +311,6 @@ def _h0_checks(case: VerdictCase, inp: GDNInputs, o: torch.Tensor, ht: torch.Ten
     return rows
 
 
-def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a.double() - b.double()).abs().max())
-
-
 def _contract_checks(backend: str, shape: dict[str, int], device: str | torch.device) -> list[Check]:
     """The call-contract checks of this module's docstring, one per argument. Each compares the backend with its
     own default call on the same case (decay 0.01, so that the initial state weighs), by a relation a kernel that
@@ -337,10 +333,14 @@ def _contract_checks(backend: str, shape: dict[str, int], device: str | torch.de
     def call(kw: dict[str, Any], name: str) -> tuple[Any, Any] | None:
         try:
             o, ht = poisoned_call(kw, backend)
-            return o, ht
         except Exception as e:  # noqa: BLE001 - refusing a documented argument fails the check
             rows.append(Check(name, "contract", False, reason=f"{type(e).__name__}: {str(e)[:200]}"))
             return None
+        if not (isinstance(o, torch.Tensor) and o.shape == inp.v.shape):
+            rows.append(Check(name, "contract", False, reason=f"o is {tuple(getattr(o, 'shape', ())) or o!r}, "
+                                                              f"expected {tuple(inp.v.shape)}"))
+            return None
+        return o, ht
 
     def judge(name: str, err: float, lim: float, why: str) -> None:
         rows.append(Check(name, "contract", err < lim, err, lim, "" if err < lim else why))  # NaN fails
@@ -352,7 +352,7 @@ def _contract_checks(backend: str, shape: dict[str, int], device: str | torch.de
     ratio = 0.37
     got = call({**inp.kwargs(), "scale": ratio * K ** -0.5}, "call contract (scale)")
     if got is not None:
-        err = _max_diff(got[0], ratio * o_d.double())
+        err = metrics.errors(got[0], ratio * o_d.double())["max_abs"]
         judge("call contract (scale)", err, frac * (1 - ratio) * float(o_d.double().abs().max()),
               f"output {_fmt(err)} from {ratio} times the default call's (the output is linear in scale): scale "
               f"ignored or misapplied?")
@@ -361,7 +361,7 @@ def _contract_checks(backend: str, shape: dict[str, int], device: str | torch.de
     one = call(raw.kwargs(), "call contract (use_qk_l2norm_in_kernel=False)")
     two = call({**raw.kwargs(), "q": 2 * raw.q}, "call contract (use_qk_l2norm_in_kernel=False)") if one else None
     if one is not None and two is not None:
-        err = _max_diff(two[0], 2 * one[0].double())
+        err = metrics.errors(two[0], 2 * one[0].double())["max_abs"]
         judge("call contract (use_qk_l2norm_in_kernel=False)", err, frac * float(one[0].double().abs().max()),
               f"the output with 2 q is {_fmt(err)} from twice the output with q: q normalised anyway?")
     v_first = inp.initial_state.transpose(-1, -2).contiguous()
@@ -374,9 +374,9 @@ def _contract_checks(backend: str, shape: dict[str, int], device: str | torch.de
                 f"final state {tuple(ht.shape) if isinstance(ht, torch.Tensor) else ht!r}, expected "
                 f"{tuple(ht_d.transpose(-1, -2).shape)} (V-first)")))
         else:
-            misread = _max_diff(reference(inp)[0], reference(replace(inp, initial_state=v_first))[0])
-            e_o, e_h = _max_diff(o, o_d), _max_diff(ht.transpose(-1, -2), ht_d)
-            lim_o, lim_h = frac * misread, frac * _max_diff(ht_d, ht_d.transpose(-1, -2))
+            misread = metrics.errors(reference(inp)[0], reference(replace(inp, initial_state=v_first))[0])["max_abs"]
+            e_o, e_h = metrics.errors(o, o_d)["max_abs"], metrics.errors(ht.transpose(-1, -2), ht_d)["max_abs"]
+            lim_o, lim_h = frac * misread, frac * metrics.errors(ht_d, ht_d.transpose(-1, -2))["max_abs"]
             err = max(e_o / lim_o, e_h / lim_h) if lim_o > 0 and lim_h > 0 else math.nan
             judge(name, err, 1.0, f"output {_fmt(e_o)} and final state {_fmt(e_h)} from the K-first call's "
                                   f"(limits {_fmt(lim_o)}, {_fmt(lim_h)}): state_v_first ignored?")
